@@ -1,0 +1,220 @@
+"""``archscan.scan``: the library entry point the CLI is a thin face over."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.fx.node import _get_qualified_name
+
+from .capture import Captured, NodeCosts, capture, module_stack, source_of
+from .costs import CATEGORIES
+from .errors import ArchscanError
+from .loading import InputSpec, ModelTarget, dtype_name, parse_input_spec, resolve_target
+from .results import ModuleReport, NodeReport, Report, Totals
+
+InputLike = InputSpec | str | Sequence[int] | torch.Tensor
+
+
+def _to_spec(x: InputLike) -> InputSpec:
+    if isinstance(x, InputSpec):
+        return x
+    if isinstance(x, str):
+        return parse_input_spec(x)
+    if isinstance(x, torch.Tensor):
+        return InputSpec(tuple(int(s) for s in x.shape), x.dtype)
+    if isinstance(x, torch.Size) or (isinstance(x, (tuple, list)) and all(isinstance(d, int) for d in x)):
+        return InputSpec(tuple(int(d) for d in x))
+    raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
+
+
+def _to_target(model: Any, name: str | None) -> ModelTarget:
+    if isinstance(model, ModelTarget):
+        return model
+    if isinstance(model, str):
+        return resolve_target(model)
+    if isinstance(model, nn.Module):
+        return ModelTarget(name or type(model).__name__, None, instance=_FrozenInstance.wrap(model))
+    if callable(model):
+        return ModelTarget(name or getattr(model, "__name__", "model"), model)
+    raise ArchscanError(f"cannot analyse a {type(model).__name__}", hint="give an nn.Module, a class, a factory or 'file.py:Name'")
+
+
+class _FrozenInstance:
+    """Marker namespace: instances are deep-copied before their tensors are faked."""
+
+    @staticmethod
+    def wrap(model: nn.Module) -> nn.Module:
+        return model
+
+
+def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
+         *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
+         name: str | None = None) -> Report:
+    """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
+
+    Args:
+        model: an ``nn.Module`` instance, a module class or factory, or a target string
+            ('file.py:Net', 'pkg.mod:factory', 'zoo:resnet50').
+        inputs: one input or a list of them: shapes (``(1, 3, 224, 224)``), specs
+            (``'1,128:int64'``) or example tensors (only their shape and dtype are used).
+        kwargs: constructor arguments when ``model`` is a class, factory or target string.
+        dtype: run the model in this dtype (e.g. ``torch.bfloat16`` or ``'bf16'``).
+        capture_method: ``'auto'`` (fx, then export, then eager) or one of them.
+        name: the model's name in the report.
+
+    Returns:
+        A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
+    """
+    from .loading import parse_dtype
+
+    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (
+        isinstance(inputs, (tuple, list, torch.Size)) and inputs and all(isinstance(d, int) for d in inputs)
+    ):
+        inputs = [inputs]
+    specs = [_to_spec(x) for x in inputs]
+    if not specs:
+        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    if dtype is not None and not dtype.is_floating_point:
+        raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
+    target = _to_target(model, name)
+    captured = capture(target, specs, kwargs or {}, dtype, capture_method)
+    return build_report(captured, name or target.name, specs, dtype)
+
+
+# --- building the report from the annotated graph ----------------------------------------------------
+
+def _op_name(node: torch.fx.Node) -> tuple[str, str]:
+    """(op name, module type) of a node, human-readable."""
+    if node.op == "call_module":
+        sub = node.graph.owning_module.get_submodule(node.target)
+        return type(sub).__name__, type(sub).__name__
+    if node.op == "call_method":
+        return f"Tensor.{node.target}", ""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target.overloadpacket) if target._overloadname == "default" else str(target), ""
+    try:
+        return _get_qualified_name(target).replace("torch.nn.functional.", "F.").replace("_operator.", "operator."), ""
+    except Exception:
+        return str(target), ""
+
+
+def _node_category(costs: NodeCosts) -> str:
+    present = {c.category for c in costs.ops}
+    for cat in CATEGORIES:
+        if cat in present:
+            return cat
+    return "view"
+
+
+def _merge_attrs(costs: NodeCosts) -> dict:
+    for c in costs.ops:
+        if c.attrs:
+            return dict(c.attrs)
+    return {}
+
+
+def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype) -> Report:
+    """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
+    gm, model = captured.gm, captured.model
+    seen_params: set = set()
+    nodes: list[NodeReport] = []
+    uncounted: Counter = Counter()
+    kept: set[str] = set()
+    node_stacks: list[list[tuple[str, str]]] = []
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        costs: NodeCosts | None = node.meta.get("archscan")
+        if costs is None or (not costs.ops and costs.out_shape is None):
+            continue  # pure Python values (x.size(), getattr): nothing executed
+        new_params = costs.param_keys - seen_params
+        seen_params |= new_params
+        params = sum(captured.param_numel[k] for k in new_params)
+        for c in costs.ops:
+            if not c.counted:
+                uncounted[c.op] += 1
+        stack = module_stack(node)
+        if node.op == "call_module" and (not stack or stack[-1][0] != node.target):
+            sub = gm.get_submodule(node.target)
+            stack = stack + [(node.target, type(sub).__name__)]
+        op, _ = _op_name(node)
+        module, module_type = (stack[-1] if stack else ("", type(model).__name__))
+        nodes.append(NodeReport(
+            name=node.name, op=op, module=module, module_type=module_type,
+            category=_node_category(costs),
+            flops=sum(c.flops for c in costs.ops), elem_ops=sum(c.elem_ops for c in costs.ops),
+            mac_bytes=sum(c.mac_bytes for c in costs.ops), read_bytes=sum(c.read_bytes for c in costs.ops),
+            write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
+            params=params, out_shape=costs.out_shape,
+            dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
+            source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
+            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs=_merge_attrs(costs),
+        ))
+        kept.add(node.name)
+        node_stacks.append(stack)
+    modules = _module_reports(model, nodes, node_stacks)
+    all_params = {}
+    for _, p in model.named_parameters(remove_duplicate=True):
+        all_params[id(p)] = p
+    total_params = sum(p.numel() for p in all_params.values())
+    param_bytes = sum(p.numel() * p.element_size() for p in all_params.values())
+    used = sum(n.params for n in nodes)
+    totals = Totals(
+        params=total_params, flops=sum(n.flops for n in nodes), mac_bytes=sum(n.mac_bytes for n in nodes),
+        elem_ops=sum(n.elem_ops for n in nodes), read_bytes=sum(n.read_bytes for n in nodes),
+        write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
+        used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
+    )
+    return Report(
+        model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
+        dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
+        modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
+    )
+
+
+def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]]) -> list[ModuleReport]:
+    """Sum node costs into every module on each node's stack; every registered module is listed."""
+    agg: dict[str, dict] = {}
+    types: dict[str, str] = {}
+    for path, mod in model.named_modules(remove_duplicate=False):
+        agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
+        types.setdefault(path, type(mod).__name__)
+    for node, stack in zip(nodes, stacks):
+        paths = {""} | {p for p, _ in stack}
+        for p, t in stack:
+            types.setdefault(p, t)
+        for p in paths:
+            a = agg.setdefault(p, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
+            a["flops"] += node.flops
+            a["elem_ops"] += node.elem_ops
+            a["mac_bytes"] += node.mac_bytes
+            a["nodes"] += 1
+            a["out"] = node.out_shape
+            a["cats"][node.category] += node.mac_bytes + node.flops
+    params: Counter = Counter()
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        parts = name.split(".")[:-1]
+        params[""] += p.numel()
+        for i in range(1, len(parts) + 1):
+            params[".".join(parts[:i])] += p.numel()
+    out = []
+    for path, a in agg.items():
+        cat = a["cats"].most_common(1)[0][0] if a["cats"] else ""
+        out.append(ModuleReport(
+            path=path, type=types.get(path, type(model).__name__ if path == "" else "?"),
+            depth=0 if path == "" else path.count(".") + 1, flops=a["flops"], elem_ops=a["elem_ops"],
+            mac_bytes=a["mac_bytes"], params=params.get(path, 0), nodes=a["nodes"], out_shape=a["out"], category=cat,
+        ))
+    return out

@@ -1,0 +1,496 @@
+"""Capture a model as a torch.fx graph whose nodes carry per-op costs.
+
+Three ways, tried in order; the report names the one used:
+
+* ``fx``: ``torch.fx`` symbolic tracing (module-level graph, leaf modules kept whole).
+* ``export``: ``torch.export.export(strict=False)`` when the Python code defeats symbolic
+  tracing (e.g. shape-dependent control flow); aten-level graph with the module stack kept.
+* ``eager``: when both fail (tensor-valued control flow such as ``if x.mean() > 0`` or
+  ``.item()`` in a condition), the model runs once on a real random input under a
+  ``TorchDispatchMode`` that records every aten op with its module (the way
+  ``torch.utils.flop_counter.FlopCounterMode`` attributes FLOPs); the graph is rebuilt from
+  tensor identity. It covers the path taken for that input.
+
+``fx`` and ``export`` run on fake tensors (``FakeTensorMode``): no weights are allocated and
+nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .costs import OpCost, cost_op, storage_key
+from .errors import ArchscanError, CaptureError
+from .loading import InputSpec, ModelTarget, user_frame
+
+_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@dataclass
+class NodeCosts:
+    """What one graph node executed: its aten ops with costs, the params it read first."""
+
+    ops: list[OpCost] = field(default_factory=list)
+    param_keys: set = field(default_factory=set)
+    out_shape: tuple[int, ...] | None = None
+    out_dtype: torch.dtype | None = None
+
+
+@dataclass
+class Captured:
+    """A captured model: the graph (nodes annotated with ``node.meta['archscan']``)."""
+
+    gm: torch.fx.GraphModule
+    kind: str
+    model: nn.Module
+    notes: list[str]
+    param_names: dict[Any, str]        # storage key -> parameter name
+    param_numel: dict[Any, int]        # storage key -> numel
+    failures: dict[str, str]           # capture kind -> why it failed
+
+
+class OpRecorder(TorchDispatchMode):
+    """Costs every aten op executed while active, into the current ``NodeCosts``."""
+
+    def __init__(self, weight_keys: set, param_keys: set):
+        super().__init__()
+        self.weight_keys = weight_keys
+        self.param_keys = param_keys
+        self.current: NodeCosts | None = None
+        self.on_op = None  # optional callback(func, args, kwargs, out, cost)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace in ("aten", "prims") or self.on_op is not None:
+            if func.namespace == "prim":
+                return out
+            cost = cost_op(func, args, kwargs, out, self.weight_keys)
+            if self.current is not None:
+                self.current.ops.append(cost)
+                for t in pytree.tree_leaves((args, kwargs)):
+                    if isinstance(t, torch.Tensor):
+                        k = storage_key(t)
+                        if k in self.param_keys:
+                            self.current.param_keys.add(k)
+            if self.on_op is not None:
+                self.on_op(func, args, kwargs, out, cost)
+        return out
+
+
+def _first_tensor(value) -> torch.Tensor | None:
+    for leaf in pytree.tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
+
+
+def _shape_str(value) -> str:
+    shapes = [list(t.shape) for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return ", ".join(str(s) for s in shapes) if shapes else "no tensors"
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence torch's logging and warnings while a capture attempt may fail noisily."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch._dynamo", "torch.export", "torch.fx", "torch._export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def source_of(node: torch.fx.Node) -> str | None:
+    """'file.py:LINE' of the user code that produced a node, from its recorded stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    best = None
+    for line in trace.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            try:
+                fname = line.split('"')[1]
+                lineno = int(line.split("line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                continue
+            if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+                best = (fname, lineno)
+    if best is None:
+        return None
+    fname, lineno = best
+    try:
+        rel = os.path.relpath(fname)
+        fname = rel if not rel.startswith("..") else fname
+    except ValueError:
+        pass
+    return f"{fname}:{lineno}"
+
+
+def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """[(module path, type name)] from outermost to innermost, for fx/export/eager nodes."""
+    stack = node.meta.get("nn_module_stack") or {}
+    out = []
+    for value in stack.values():
+        path, typ = value[0], value[1]
+        typ = typ.__name__ if isinstance(typ, type) else str(typ).rsplit(".", 1)[-1]
+        path = path.replace("L__self__.", "").replace("L['self'].", "")
+        if path in ("L__self__", "L['self']"):
+            path = ""
+        out.append((path, typ))
+    return out
+
+
+# --- model construction ---------------------------------------------------------------------------
+
+def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
+    names, numel, weight_keys = {}, {}, set()
+    for name, p in model.named_parameters(remove_duplicate=True):
+        k = storage_key(p)
+        names.setdefault(k, name)
+        numel.setdefault(k, p.numel())
+        weight_keys.add(k)
+    for _, b in model.named_buffers():
+        weight_keys.add(storage_key(b))
+    return names, numel, weight_keys
+
+
+def _fakeify(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
+    """Replace a real model's parameters and buffers with fake tensors (shared ones stay shared)."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            memo[id(t)] = fake_mode.from_tensor(t)
+        return memo[id(t)]
+
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = fake(b)
+    return model
+
+
+def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
+    """Construct the model without allocating weights (fake tensors)."""
+    if target.instance is None:
+        try:
+            with fake_mode, _quiet():
+                model = target.build(kwargs)
+        except ArchscanError:
+            raise
+        except Exception:
+            model = None  # constructor needs real values (e.g. .tolist() on a tensor): build for real
+        if model is not None:
+            return _prepare(model, dtype, fake_mode)
+    model = build_real(target, kwargs, None)
+    return _prepare(_fakeify(model, fake_mode), dtype, fake_mode)
+
+
+def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None) -> nn.Module:
+    """Construct the model with real weights on the CPU."""
+    try:
+        model = target.build(kwargs)
+    except ArchscanError:
+        raise
+    except Exception as exc:
+        raise CaptureError(
+            f"building {target.name} failed at {user_frame(exc, target.source_file)}: {type(exc).__name__}: {exc}"
+        ) from exc
+    model.eval()
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def _prepare(model: nn.Module, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
+    model.eval()
+    if dtype is not None:
+        with fake_mode:
+            model.to(dtype)
+    return model
+
+
+def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None) -> list[torch.Tensor]:
+    """Random float inputs, zero integer inputs (valid token ids), in the model's dtype."""
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    out = []
+    with ctx:
+        for s in specs:
+            if s.dtype.is_floating_point:
+                dt = model_dtype if (model_dtype is not None and s.dtype == torch.float32) else s.dtype
+                out.append(torch.randn(s.shape, dtype=dt))
+            else:
+                out.append(torch.zeros(s.shape, dtype=s.dtype))
+    return out
+
+
+# --- fx and export ---------------------------------------------------------------------------------
+
+class _Tracer(torch.fx.Tracer):
+    def __init__(self):
+        super().__init__()
+        self.record_stack_traces = True
+
+
+def trace_fx(model: nn.Module) -> torch.fx.GraphModule:
+    """torch.fx symbolic trace with stack traces recorded (for file:line in findings)."""
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+
+
+def trace_export(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+    """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack."""
+    ep = torch.export.export(model, tuple(inputs), strict=False)
+    return ep.module()
+
+
+class CostInterpreter(torch.fx.Interpreter):
+    """Runs the graph on fake tensors, costing each node's aten ops into ``node.meta['archscan']``."""
+
+    def __init__(self, gm: torch.fx.GraphModule, recorder: OpRecorder):
+        super().__init__(gm, garbage_collect_values=True)
+        self.recorder = recorder
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        costs = NodeCosts()
+        self.recorder.current = costs
+        try:
+            result = super().run_node(n)
+        except Exception as exc:
+            raise _NodeFailure(n, self._input_shapes(n), exc) from exc
+        finally:
+            self.recorder.current = None
+        t = _first_tensor(result)
+        if t is not None:
+            costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
+        n.meta["archscan"] = costs
+        return result
+
+    def _input_shapes(self, n: torch.fx.Node) -> str:
+        vals = [self.env.get(a) for a in n.all_input_nodes if a in self.env]
+        return _shape_str(vals)
+
+
+class _NodeFailure(Exception):
+    def __init__(self, node: torch.fx.Node, shapes: str, exc: BaseException):
+        super().__init__(str(exc))
+        self.node, self.shapes, self.exc = node, shapes, exc
+
+    def describe(self) -> str:
+        stack = module_stack(self.node)
+        where = f"layer {stack[-1][0]!r} ({stack[-1][1]})" if stack and stack[-1][0] else f"node {self.node.name!r}"
+        if self.node.op == "call_module":
+            sub = self.node.graph.owning_module.get_submodule(self.node.target)
+            where = f"layer {self.node.target!r} ({type(sub).__name__})"
+        src = source_of(self.node)
+        msg = str(self.exc).strip().splitlines()[0] if str(self.exc).strip() else type(self.exc).__name__
+        return f"{where}{' at ' + src if src else ''} rejected input of shape {self.shapes}: {msg}"
+
+
+def _interpret(gm, inputs, fake_mode, recorder) -> None:
+    interp = CostInterpreter(gm, recorder)
+    with fake_mode, recorder, torch.no_grad(), _quiet():
+        interp.run(*inputs)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+# --- eager -------------------------------------------------------------------------------------------
+
+class _EagerGraphBuilder:
+    """Builds an fx graph from the aten ops a real run executes (data flow by tensor identity)."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], recorder: OpRecorder):
+        self.model = model
+        self.graph = torch.fx.Graph()
+        self.produced: dict[int, torch.fx.Node] = {}
+        self.keep: list[Any] = []  # keep outputs alive so ids stay unique
+        self.attr_nodes: dict[Any, torch.fx.Node] = {}
+        self.weights = {}
+        for name, p in model.named_parameters():
+            self.weights.setdefault(storage_key(p), name)
+        for name, b in model.named_buffers():
+            self.weights.setdefault(storage_key(b), name)
+        for i, x in enumerate(inputs):
+            node = self.graph.placeholder(f"input_{i}")
+            self.produced[id(x)] = node
+            node.meta["archscan_out"] = x
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.stack: list[nn.Module] = []
+        self.recorder = recorder
+        recorder.on_op = self.on_op
+        self.last_node: torch.fx.Node | None = None
+
+    def _arg(self, a):
+        if isinstance(a, torch.Tensor):
+            if id(a) in self.produced:
+                return self.produced[id(a)]
+            k = storage_key(a)
+            if k in self.weights:
+                if k not in self.attr_nodes:
+                    self.attr_nodes[k] = self.graph.get_attr(self.weights[k])
+                return self.attr_nodes[k]
+            return f"<tensor {list(a.shape)}>"
+        if isinstance(a, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return a
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(x) for x in a)
+        return repr(a)
+
+    def on_op(self, func, args, kwargs, out, cost):
+        node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
+        stack = {}
+        for m in self.stack:
+            path = self.names.get(id(m), "")
+            stack[path or "L__self__"] = (path, type(m).__name__)
+        node.meta["nn_module_stack"] = stack
+        node.meta["stack_trace"] = _python_stack()
+        costs = NodeCosts(ops=[cost])
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and storage_key(t) in self.recorder.param_keys:
+                costs.param_keys.add(storage_key(t))
+        t = _first_tensor(out)
+        if t is not None:
+            costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
+        node.meta["archscan"] = costs
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.produced[id(leaf)] = node
+                self.keep.append(leaf)
+        self.last_node = node
+
+    def pre_hook(self, module, args):
+        self.stack.append(module)
+
+    def post_hook(self, module, args, output):
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+
+    def finish(self, out) -> torch.fx.GraphModule:
+        self.graph.output(self._arg(out) if isinstance(out, (torch.Tensor, tuple, list)) else None)
+        return torch.fx.GraphModule(self.model, self.graph, self.model.__class__.__name__)
+
+
+def _python_stack() -> str:
+    """A stack_trace string (fx format) of the user frames now executing."""
+    frame = sys._getframe(2)
+    lines = []
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+            lines.append(f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}')
+        frame = frame.f_back
+    return "\n".join(reversed(lines))
+
+
+def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys: set, param_keys: set,
+                  source_file: str | None) -> torch.fx.GraphModule:
+    """Run the real model once, recording every aten op with its module."""
+    recorder = OpRecorder(weight_keys, param_keys)
+    builder = _EagerGraphBuilder(model, inputs, recorder)
+    pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
+    post = nn.modules.module.register_module_forward_hook(builder.post_hook)
+    try:
+        with torch.no_grad(), recorder, _quiet():
+            out = model(*inputs)
+    except Exception as exc:
+        where = ""
+        if builder.stack:
+            m = builder.stack[-1]
+            where = f" in layer {builder.names.get(id(m), '')!r} ({type(m).__name__})"
+        raise CaptureError(
+            f"the model cannot run{where} at {user_frame(exc, source_file)}: {_short(exc)}"
+        ) from exc
+    finally:
+        pre.remove()
+        post.remove()
+        recorder.on_op = None
+    return builder.finish(out)
+
+
+# --- the entry point -----------------------------------------------------------------------------------
+
+def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
+            dtype: torch.dtype | None = None, method: str = "auto") -> Captured:
+    """Capture and cost a model: fx, then export, then eager (see module docstring).
+
+    Args:
+        target: the resolved model.
+        specs: example input shapes/dtypes.
+        kwargs: constructor arguments.
+        dtype: cast the model (and float inputs) to this dtype.
+        method: "auto", or force "fx", "export" or "eager".
+    """
+    kwargs = kwargs or {}
+    failures: dict[str, str] = {}
+    notes: list[str] = []
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    if method in ("auto", "fx", "export"):
+        model = build_fake(target, kwargs, dtype, fake_mode)
+        names, numel, weight_keys = _weight_maps(model)
+        inputs = make_inputs(specs, dtype, fake_mode)
+        for kind in ("fx", "export"):
+            if method not in ("auto", kind):
+                continue
+            try:
+                with _quiet():
+                    gm = trace_fx(model) if kind == "fx" else trace_export(model, inputs)
+            except Exception as exc:
+                failures[kind] = _short(exc)
+                continue
+            recorder = OpRecorder(weight_keys, set(names))
+            try:
+                _interpret(gm, inputs, fake_mode, recorder)
+            except _NodeFailure as failure:
+                if _model_rejects(model, inputs, fake_mode):
+                    raise ArchscanError(failure.describe(), hint=f"inputs were {_shape_str(inputs)}") from failure.exc
+                failures[kind] = f"graph did not run: {_short(failure.exc)}"
+                continue
+            if failures:
+                notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
+            return Captured(gm, kind, model, notes, names, numel, failures)
+    # eager: a real run on a random input
+    model = build_real(target, kwargs, dtype)
+    names, numel, weight_keys = _weight_maps(model)
+    inputs = make_inputs(specs, dtype)
+    gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
+    notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
+    notes.append("eager capture: the analysis covers the path the model took for one random input")
+    return Captured(gm, "eager", model, [n for n in notes if n], names, numel, failures)
+
+
+def _model_rejects(model: nn.Module, inputs, fake_mode) -> bool:
+    """Does the model itself (not just its traced graph) fail on these fake inputs?"""
+    try:
+        with fake_mode, torch.no_grad(), _quiet():
+            model(*inputs)
+    except Exception:
+        return True
+    return False

@@ -1,0 +1,128 @@
+"""The ``archscan`` command: a thin typer face over ``archscan.scan``.
+
+``archscan MODEL --input ...`` is the main job; sub-commands sit beside it
+(``archscan zoo``). Every ``ArchscanError`` becomes one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import ArchscanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="archscan: why a PyTorch model is slow, and what to change.\n\n"
+                       "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)")
+
+_SUBCOMMANDS = {"scan", "zoo"}
+_state = {"debug": False}
+
+
+def _fail(exc: BaseException) -> None:
+    code = getattr(exc, "exit_code", 1)
+    msg = str(exc) if isinstance(exc, ArchscanError) else f"{type(exc).__name__}: {exc}"
+    typer.echo(f"archscan: error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command("scan")
+def scan_cmd(
+    model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224 or 1,128:int64; repeat for several inputs (zoo models have a default)")] = None,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value (Python literals)")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="run the model in this dtype: float32, bfloat16, float16")] = None,
+    depth: Annotated[int, typer.Option("--depth", "-d", help="module hierarchy depth of the table")] = 2,
+    nodes: Annotated[bool, typer.Option("--nodes", help="list every graph node instead of the module table")] = False,
+    capture: Annotated[str, typer.Option("--capture", help="auto (fx, then export, then eager), fx, export or eager")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, categories."""
+    from .api import scan
+    from .loading import parse_kwargs, resolve_target
+    from .report import render_text
+
+    _state["debug"] = debug
+    if capture not in ("auto", "fx", "export", "eager"):
+        raise ArchscanError(f"unknown --capture {capture!r}", hint="use auto, fx, export or eager")
+    target = resolve_target(model)
+    specs = list(input or target.default_inputs)
+    if not specs:
+        raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224 (repeat for several inputs)")
+    report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        typer.echo(render_text(report, depth=depth, per_node=nodes))
+
+
+@app.command("zoo")
+def zoo_cmd(
+    family: Annotated[Optional[str], typer.Argument(help="only this family (file name, e.g. shufflenetv2)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the list as JSON")] = False,
+) -> None:
+    """List the models of archscan's zoo (use them as zoo:NAME)."""
+    from tabulate import tabulate
+
+    from . import zoo
+
+    names = zoo.list_models(family)
+    if not names:
+        raise ArchscanError(f"no zoo family {family!r}", hint="run `archscan zoo` to list all")
+    entries = [zoo.get_entry(n) for n in names]
+    if as_json:
+        typer.echo(json.dumps([{"name": e.name, "family": e.family, "input": list(e.default_input), "summary": e.summary}
+                               for e in entries], indent=1))
+        return
+    typer.echo(tabulate([[e.name, e.family, " ".join(e.default_input), e.summary] for e in entries],
+                        headers=["name", "family", "default input", "summary"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: ``archscan MODEL ...`` runs ``scan``; ``archscan zoo`` etc. sit beside it."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is not None and first not in _SUBCOMMANDS and args and args[0] not in ("--help", "-h"):
+        args = ["scan", *args]
+    try:
+        app(args=args, prog_name="archscan", standalone_mode=False)
+    except ArchscanError as exc:
+        if _state["debug"] or "--debug" in args:
+            raise
+        _fail_quiet(exc)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        typer.echo("archscan: interrupted", err=True)
+        return 130
+    except Exception as exc:  # click usage errors and anything unforeseen: one line, no traceback
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            typer.echo(f"archscan: error: {exc.format_message()}", err=True)
+            return exc.exit_code
+        if "--debug" in args:
+            raise
+        typer.echo(f"archscan: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        return 1
+    return 0
+
+
+def _fail_quiet(exc: ArchscanError) -> None:
+    typer.echo(f"archscan: error: {exc}", err=True)
+
+
+def entry() -> None:
+    """setuptools console-script wrapper."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

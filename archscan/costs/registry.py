@@ -1,0 +1,351 @@
+"""One registry of per-op costs, keyed by aten op.
+
+Conventions (stated once, used everywhere; see README "Counting conventions"):
+
+* ``flops`` are multiply-adds (Ma et al., ShuffleNetV2, ECCV 2018, footnote 1; torchvision and
+  fvcore count the same way). They are counted for convolution, linear/matmul/bmm/einsum and
+  attention only. Where PyTorch has a formula (``torch.utils.flop_counter.flop_registry``,
+  which counts 2 per multiply-add) it is reused and halved; attention paths PyTorch does not
+  count on CPU (``_scaled_dot_product_flash_attention_for_cpu``) and the fused
+  ``nn.MultiheadAttention`` inference path (``_native_multi_head_attention``) have formulas here.
+* ``elem_ops`` are element operations of element-wise, activation, normalization, reduction and
+  pooling work, kept apart from ``flops`` (guideline G4 is about exactly this work).
+* ``read_bytes``/``write_bytes``: the memory access cost (MAC) of one kernel — every distinct
+  tensor it reads (activations and weights) plus every tensor it writes, at its dtype
+  (paper: 1x1 conv MAC = hw(c1 + c2) + c1*c2 elements). Views move nothing. Gathers
+  (embedding, index_select) read the rows they gather, not the whole table.
+* An op with no formula is never silently 0: it is costed generically for bytes and reported
+  under ``uncounted`` with its count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.flop_counter import flop_registry as _torch_flop_registry
+
+aten = torch.ops.aten
+
+# Categories, most specific first: a node made of several ops takes the first one it has.
+CATEGORIES = (
+    "attention", "conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "embedding",
+    "norm", "pooling", "activation", "elementwise", "reduction", "host_sync", "data_movement",
+    "factory", "view", "other",
+)
+
+FlopFormula = Callable[..., int]
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """The cost of one executed aten op."""
+
+    op: str
+    category: str
+    flops: int = 0
+    elem_ops: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    weight_bytes: int = 0
+    counted: bool = True
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def mac_bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+
+_FLOP_FORMULAS: dict[Any, FlopFormula] = {}
+_CATEGORY: dict[Any, str] = {}
+
+
+def register_flops(*packets):
+    """Register a multiply-add formula for ops; refuses duplicates (like torch's flop_registry)."""
+
+    def wrap(fn: FlopFormula) -> FlopFormula:
+        for p in packets:
+            if p in _FLOP_FORMULAS:
+                raise ValueError(f"flop formula for {p} registered twice")
+            _FLOP_FORMULAS[p] = fn
+        return fn
+
+    return wrap
+
+
+def _categorize(category: str, *packets) -> None:
+    for p in packets:
+        if p in _CATEGORY:
+            raise ValueError(f"category for {p} registered twice")
+        _CATEGORY[p] = category
+
+
+def _reuse_torch(packet) -> None:
+    """Use torch.utils.flop_counter's formula (2 per multiply-add), halved."""
+    torch_fn = _torch_flop_registry[packet]
+
+    def fn(*args, out_val=None, **kwargs) -> int:
+        return int(torch_fn(*args, **kwargs, out_val=out_val)) // 2
+
+    fn.__doc__ = f"multiply-adds of {packet} (torch.utils.flop_counter formula / 2)"
+    register_flops(packet)(fn)
+
+
+def _opt(name: str):
+    """An aten op packet if this torch build has it."""
+    return getattr(aten, name, None)
+
+
+for _p in (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
+           _opt("_scaled_dot_product_efficient_attention"), _opt("_scaled_dot_product_flash_attention"),
+           _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
+           _opt("_efficient_attention_forward")):
+    if _p is not None and _p in _torch_flop_registry:
+        _reuse_torch(_p)
+
+
+def _shape(t) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+@register_flops(aten._scaled_dot_product_flash_attention_for_cpu)
+def sdpa_cpu_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    """Q K^T and A V of scaled_dot_product_attention on CPU.
+
+    # [b, h, l, ev] = sdpa([b, h, l, e], [b, hk, s, e], [b, hk, s, ev]); hk may be < h (GQA)
+    """
+    *batch, l, e = _shape(query)
+    s, ev = _shape(value)[-2], _shape(value)[-1]
+    bh = 1
+    for d in batch:
+        bh *= d
+    return bh * l * s * (e + ev)
+
+
+@register_flops(aten._native_multi_head_attention)
+def native_mha_flops(query, key, value, embed_dim, num_head, qkv_weight, *args, out_val=None, **kwargs) -> int:
+    """nn.MultiheadAttention's fused inference path: in-projection, Q K^T, A V, out-projection.
+
+    # [b, l, e] = mha([b, l, e], [b, s, e], [b, s, e]); unbatched inputs are [l, e]
+    """
+    q, k = _shape(query), _shape(key)
+    b = q[0] if len(q) == 3 else 1
+    l, s, e = q[-2], k[-2], int(embed_dim)
+    in_proj = b * l * e * e + 2 * b * s * e * e
+    attn = 2 * b * l * s * e
+    out_proj = b * l * e * e
+    return in_proj + attn + out_proj
+
+
+_categorize("attention", *[p for p in (
+    _opt("_scaled_dot_product_flash_attention_for_cpu"), _opt("_native_multi_head_attention"),
+    _opt("_scaled_dot_product_efficient_attention"), _opt("_scaled_dot_product_flash_attention"),
+    _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
+    _opt("_efficient_attention_forward")) if p is not None])
+_categorize("conv", aten.convolution, aten._convolution)
+_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm)
+_categorize("linear", aten.addmm)
+_categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag)
+_categorize("norm", *[p for p in (
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+    aten.native_layer_norm, aten.native_group_norm, _opt("_fused_rms_norm"), aten.batch_norm,
+    aten.layer_norm, aten.group_norm, aten.instance_norm, _opt("rms_norm"), aten._batch_norm_impl_index,
+    aten.cudnn_batch_norm, aten.miopen_batch_norm) if p is not None])
+_categorize("pooling", *[p for p in (
+    aten.max_pool2d_with_indices, aten.max_pool2d, aten.max_pool1d, aten.max_pool3d,
+    aten.max_pool3d_with_indices, aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
+    aten.adaptive_avg_pool1d, aten.adaptive_avg_pool2d, aten._adaptive_avg_pool2d,
+    aten.adaptive_avg_pool3d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool1d,
+    aten.adaptive_max_pool2d, aten.adaptive_max_pool3d, aten.mkldnn_max_pool2d) if p is not None])
+_categorize("activation", *[p for p in (
+    aten.relu, aten.relu_, aten.gelu, aten.gelu_, aten.silu, aten.silu_, aten.sigmoid, aten.sigmoid_,
+    aten.tanh, aten.tanh_, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.hardsigmoid_,
+    aten.hardtanh, aten.hardtanh_, aten.leaky_relu, aten.leaky_relu_, aten.elu, aten.elu_,
+    aten.softplus, aten.mish, aten.mish_, aten.relu6, aten.prelu, aten._prelu_kernel, aten.glu,
+    aten._softmax, aten.softmax, aten._safe_softmax, aten._log_softmax, aten.log_softmax) if p is not None])
+_categorize("data_movement", *[p for p in (
+    aten.clone, aten.cat, aten.stack, aten.copy_, aten._to_copy, aten.copy, aten.contiguous,
+    aten.constant_pad_nd, aten.pad, aten.reflection_pad2d, aten.replication_pad2d, aten.repeat,
+    aten.repeat_interleave, aten.flip, aten.roll, aten.index_select, aten.gather, aten.index,
+    aten._unsafe_index, aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,
+    aten.native_channel_shuffle, aten.upsample_nearest2d, aten.upsample_bilinear2d,
+    aten._upsample_nearest_exact2d, aten.tril, aten.triu, aten.masked_fill, aten.masked_fill_,
+    aten.scatter, aten.index_put, aten.index_put_, aten.slice_scatter, aten.select_scatter,
+    aten.lift_fresh_copy, aten.narrow_copy, aten.tile) if p is not None])
+_categorize("host_sync", *[p for p in (
+    aten._local_scalar_dense, aten.item, aten.nonzero, aten.masked_select, aten._unique2,
+    aten.unique_dim, aten.unique_consecutive, aten.argwhere, aten.nonzero_static,
+    aten.is_nonzero, aten.equal, aten.allclose) if p is not None])
+_categorize("factory", *[p for p in (
+    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+    aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.full, aten.full_like, aten.new_zeros,
+    aten.new_ones, aten.new_full, aten.arange, aten.scalar_tensor, aten.fill_, aten.fill, aten.zero_,
+    aten.randn, aten.rand, aten.randint, aten.randn_like, aten.rand_like, aten.normal_, aten.uniform_,
+    aten.bernoulli, aten.bernoulli_, aten.linspace, aten.eye, aten.tensor, aten.lift_fresh) if p is not None])
+# Not views by schema, but they only reinterpret metadata: no bytes move.
+_FREE = {p for p in (aten._unsafe_view, aten.lift_fresh, aten.detach_, aten.resize_, aten.set_,
+                     aten._reshape_alias, aten.sym_size, aten.sym_stride, aten.sym_numel,
+                     aten.sym_storage_offset, aten.dim, aten.is_contiguous, aten.size, aten.stride)
+         if p is not None}
+# Write-only ops: nothing is read (empty/empty_like allocate without writing).
+_NO_WRITE = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided}
+_GATHERS = {aten.embedding, aten.index_select, aten.gather, aten.index, aten._unsafe_index}
+_ACTIVATION_FAMILY = {"activation", "norm", "elementwise"}
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def tensor_key(t: torch.Tensor):
+    """Identity of the memory a tensor reads: storage, offset, shape, strides."""
+    try:
+        storage = t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        storage = id(t)
+    return (storage, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def storage_key(t: torch.Tensor):
+    """Identity of a tensor's storage; views share it with their base."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return id(t)
+
+
+def _conv_attrs(args) -> dict:
+    x, w = args[0], args[1]
+    groups = int(args[8]) if len(args) > 8 else 1
+    transposed = bool(args[6]) if len(args) > 6 else False
+    c_out, c_in_per_group = int(w.shape[0]), int(w.shape[1])
+    c_in = int(x.shape[1]) if x.dim() > 1 else c_in_per_group * groups
+    if transposed:
+        c_in, c_out = int(w.shape[0]), int(w.shape[1]) * groups
+    return {
+        "in_channels": c_in, "out_channels": c_out, "groups": groups,
+        "kernel": tuple(int(k) for k in w.shape[2:]),
+        "stride": tuple(int(s) for s in args[3]) if len(args) > 3 else (1,),
+        "transposed": transposed,
+    }
+
+
+def _conv_category(attrs: dict) -> str:
+    g = attrs["groups"]
+    if g == 1:
+        return "conv"
+    if g == attrs["in_channels"]:
+        return "depthwise_conv"
+    return "grouped_conv"
+
+
+def _pool_window(func, args) -> int:
+    packet = func.overloadpacket
+    if packet in (aten.max_pool2d_with_indices, aten.max_pool2d, aten.avg_pool2d, aten.max_pool1d,
+                  aten.avg_pool1d, aten.max_pool3d, aten.max_pool3d_with_indices, aten.avg_pool3d,
+                  aten.mkldnn_max_pool2d):
+        k = args[1]
+        n = 1
+        for d in (k if isinstance(k, (list, tuple)) else [k]):
+            n *= int(d)
+        dims = {aten.max_pool1d: 1, aten.avg_pool1d: 1, aten.max_pool3d: 3,
+                aten.max_pool3d_with_indices: 3, aten.avg_pool3d: 3}.get(packet, 2)
+        if isinstance(k, (list, tuple)) and len(k) == 1:
+            n = int(k[0]) ** dims
+        return n
+    return 0
+
+
+def is_free(func) -> bool:
+    """True for views and metadata-only ops: they move no bytes."""
+    return func.is_view or func.overloadpacket in _FREE
+
+
+def category_of(func, args=()) -> str:
+    """The category of an aten op (conv ops look at their groups)."""
+    packet = func.overloadpacket
+    if is_free(func):
+        return "view"
+    cat = _CATEGORY.get(packet)
+    if cat is None:
+        if torch.Tag.pointwise in func.tags:
+            cat = "elementwise"
+        elif torch.Tag.reduction in func.tags:
+            cat = "reduction"
+        elif torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
+            cat = "host_sync"
+        else:
+            cat = "other"
+    return cat
+
+
+def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | set = frozenset()) -> OpCost:
+    """Cost one executed aten op from its arguments and result (shapes and dtypes only).
+
+    Args:
+        func: the aten OpOverload.
+        args, kwargs, out: what the op was called with and returned (real, fake or meta tensors).
+        weight_keys: storage keys of the model's parameters and buffers, so weight reads
+            are told apart from activation reads.
+    """
+    name = str(func)
+    packet = func.overloadpacket
+    if is_free(func):
+        return OpCost(name, "view")
+    category = category_of(func, args)
+    attrs: dict = {}
+    ins = _tensors((args, kwargs))
+    outs = _tensors(out)
+
+    # Bytes: each distinct tensor read once, each output written once.
+    seen = set()
+    read = weight = 0
+    if packet in _GATHERS:
+        # [n, d] = embedding([v, d], [n]): read the indices and the gathered rows only.
+        idx = [t for t in ins if not t.is_floating_point()]
+        read = sum(_nbytes(t) for t in idx) + sum(_nbytes(t) for t in outs)
+        table = ins[0] if packet is not aten.embedding else ins[0]
+        if storage_key(table) in weight_keys:
+            weight = sum(_nbytes(t) for t in outs)
+    elif packet in _NO_WRITE or category == "factory":
+        read = 0
+    else:
+        sources = ins[1:2] if packet is aten.copy_ else ins
+        for t in sources:
+            k = tensor_key(t)
+            if k in seen:
+                continue
+            seen.add(k)
+            read += _nbytes(t)
+            if storage_key(t) in weight_keys:
+                weight += _nbytes(t)
+    write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
+
+    flops = 0
+    formula = _FLOP_FORMULAS.get(packet)
+    if formula is not None:
+        flops = int(formula(*args, **kwargs, out_val=out))
+    if packet in (aten.convolution, aten._convolution):
+        attrs = _conv_attrs(args)
+        category = _conv_category(attrs)
+    elif packet in (aten.mm, aten.bmm, aten.baddbmm) and any(storage_key(t) in weight_keys for t in ins):
+        category = "linear"
+
+    elem = 0
+    out_numel = outs[0].numel() if outs else 0
+    if category in _ACTIVATION_FAMILY:
+        elem = out_numel
+    elif category in ("reduction", "host_sync"):
+        elem = ins[0].numel() if ins else 0
+    elif category == "pooling":
+        window = _pool_window(func, args)
+        elem = out_numel * window if window else (ins[0].numel() if ins else 0)
+
+    counted = formula is not None or category not in ("other",)
+    return OpCost(name, category, flops, elem, read, write, weight, counted, attrs)

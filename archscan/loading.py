@@ -1,0 +1,272 @@
+"""Resolve what the user names into a model factory and input specs.
+
+Targets:
+    "path/to/model.py:Net"      a class or factory function in a Python file
+    "pkg.module:factory"        an importable callable (class or function)
+    "zoo:shufflenet_v2_x1_0"    a model of archscan's zoo
+
+Input specs: comma-separated shape with an optional dtype, "1,3,224,224" or "1,128:int64".
+Constructor arguments: "width_mult=0.5,num_classes=10" (values are Python literals;
+anything that is not a literal is taken as a string).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from .errors import ArchscanError
+
+_DTYPE_ALIASES = {
+    "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
+    "fp16": torch.float16, "half": torch.float16, "f16": torch.float16,
+    "bf16": torch.bfloat16, "fp64": torch.float64, "double": torch.float64,
+    "long": torch.int64, "int": torch.int32, "i64": torch.int64, "i32": torch.int32,
+}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The shape and dtype of one example input."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """A resolved model: how to build it and what to call it."""
+
+    name: str
+    factory: Callable[..., nn.Module] | None
+    instance: nn.Module | None = None
+    source_file: str | None = None
+    default_inputs: tuple[str, ...] = ()
+
+    def build(self, kwargs: dict[str, Any]) -> nn.Module:
+        """Call the factory (or return the instance); errors become ArchscanError."""
+        if self.instance is not None:
+            if kwargs:
+                raise ArchscanError(f"{self.name} is a module instance; --kwargs cannot be applied to it")
+            return self.instance
+        _check_call(self.factory, kwargs, self.name)
+        model = self.factory(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise ArchscanError(
+                f"{self.name}(...) returned {type(model).__name__}, not a torch.nn.Module",
+                hint="point archscan at a module class or a function returning one",
+            )
+        return model
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'torch.float32' -> 'float32'."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    """A dtype by name ('bfloat16', 'bf16', 'int64', ...)."""
+    key = text.strip().lower().removeprefix("torch.")
+    if key in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[key]
+    value = getattr(torch, key, None)
+    if isinstance(value, torch.dtype):
+        return value
+    raise ArchscanError(
+        f"unknown dtype {text!r}",
+        hint="use e.g. float32, float16, bfloat16, int64, int32, uint8, bool",
+    )
+
+
+def parse_input_spec(text: str) -> InputSpec:
+    """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids."""
+    raw = text.strip()
+    shape_text, _, dtype_text = raw.partition(":")
+    parts = [p.strip() for p in shape_text.replace("x", ",").split(",") if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise ArchscanError(
+            f"malformed --input {text!r}",
+            hint="write a shape as comma-separated positive integers, optionally with a dtype: "
+            "--input 1,3,224,224 or --input 1,128:int64",
+        )
+    dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
+    return InputSpec(shape, dtype)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets or quotes."""
+    out, depth, quote, cur = [], 0, None, []
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur))
+    return [p.strip() for p in out if p.strip()]
+
+
+def parse_kwargs(text: str | None) -> dict[str, Any]:
+    """'width_mult=0.5,num_classes=10,act=relu' -> {'width_mult': 0.5, 'num_classes': 10, 'act': 'relu'}."""
+    if not text:
+        return {}
+    result: dict[str, Any] = {}
+    for item in _split_top_level(text):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ArchscanError(
+                f"malformed --kwargs item {item!r}", hint="write name=value pairs: --kwargs width_mult=0.5,num_classes=10"
+            )
+        try:
+            result[key] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            result[key] = value.strip()
+    return result
+
+
+def _check_call(factory: Callable[..., Any], kwargs: dict[str, Any], name: str) -> None:
+    """Fail early, with a clear message, when the constructor arguments do not fit."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        required = [
+            p.name for p in sig.parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in kwargs
+        ]
+        if required:
+            example = ",".join(f"{r}=..." for r in required)
+            raise ArchscanError(
+                f"{name} needs constructor arguments that were not given: {', '.join(required)}",
+                hint=f"pass them with --kwargs {example}",
+            ) from exc
+        raise ArchscanError(f"{name}: {exc}", hint="check --kwargs against the constructor's signature") from exc
+
+
+def _candidates(namespace: dict[str, Any]) -> list[str]:
+    names = []
+    for key, value in namespace.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == namespace.get("__name__"):
+            names.append(key)
+        elif isinstance(value, nn.Module):
+            names.append(key)
+    return sorted(names)
+
+
+def _load_file(path: str) -> Any:
+    if not os.path.exists(path):
+        raise ArchscanError(f"model file not found: {path}", hint="check the path before ':'")
+    if not os.path.isfile(path):
+        raise ArchscanError(f"not a file: {path}")
+    abspath = os.path.abspath(path)
+    mod_name = "_archscan_user_" + os.path.splitext(os.path.basename(abspath))[0].replace("-", "_")
+    directory = os.path.dirname(abspath)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    try:
+        with open(abspath, encoding="utf-8") as fh:
+            compile(fh.read(), abspath, "exec")
+    except SyntaxError as exc:
+        raise ArchscanError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    spec = importlib.util.spec_from_file_location(mod_name, abspath)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module failed at import time
+        raise ArchscanError(f"importing {path} failed at {user_frame(exc, abspath)}: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def user_frame(exc: BaseException, prefer_file: str | None = None) -> str:
+    """'file.py:LINE' of the innermost traceback frame outside torch and archscan."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    best = None
+    for fr in frames:
+        fn = fr.filename
+        if prefer_file and os.path.abspath(fn) == prefer_file:
+            best = fr
+        elif best is None or not prefer_file:
+            if f"{os.sep}torch{os.sep}" not in fn and f"{os.sep}archscan{os.sep}" not in fn and "<" not in fn:
+                best = fr
+    if best is None and frames:
+        best = frames[-1]
+    return f"{os.path.relpath(best.filename)}:{best.lineno}" if best else "<unknown>"
+
+
+def resolve_target(target: str) -> ModelTarget:
+    """Turn 'file.py:Net', 'pkg.mod:factory' or 'zoo:name' into a ModelTarget."""
+    if target.startswith("zoo:"):
+        from . import zoo
+
+        name = target[4:]
+        try:
+            entry = zoo.get_entry(name)
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(name, zoo.list_models(), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "run `archscan zoo` to list the zoo"
+            raise ArchscanError(f"no zoo model named {name!r}", hint=hint) from None
+        return ModelTarget(target, entry.factory, default_inputs=entry.default_input)
+    if ":" not in target:
+        raise ArchscanError(
+            f"cannot tell which model {target!r} means",
+            hint="write FILE.py:Name, package.module:factory or zoo:name",
+        )
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py") or os.sep in where or os.path.exists(where):
+        module = _load_file(where)
+        source = os.path.abspath(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise ArchscanError(f"cannot import {where!r}: {exc}", hint="is the package installed or on PYTHONPATH?") from exc
+        source = getattr(module, "__file__", None)
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = _candidates(vars(module))
+            hint = f"it defines: {', '.join(names)}" if names else "it defines no nn.Module class"
+            raise ArchscanError(f"{where} has no {attr!r}", hint=hint)
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return ModelTarget(target, None, instance=obj, source_file=source)
+    if not callable(obj):
+        raise ArchscanError(f"{target} is a {type(obj).__name__}, not a module class or factory")
+    return ModelTarget(target, obj, source_file=source)

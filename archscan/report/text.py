@@ -1,0 +1,99 @@
+"""Terminal text: the per-module and per-node tables and the totals block."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from ..results import Report
+
+
+def fmt_count(n: float | int | None, unit: str = "") -> str:
+    """1234567 -> '1.23M' (SI prefixes, three significant digits)."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}{unit}"
+    return f"{n:.3g}{unit}" if n != int(n) else f"{int(n)}{unit}"
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """Bytes with binary prefixes: 1536 -> '1.5 KiB'."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(n) >= div:
+            return f"{n / div:.3g} {suffix}"
+    return f"{int(n)} B"
+
+
+def fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _shape(s) -> str:
+    return "-" if s is None else "×".join(str(d) for d in s)
+
+
+def module_table(report: Report, depth: int = 2) -> str:
+    """Modules down to ``depth``, indented, each with its subtree's costs."""
+    rows = []
+    total_flops = report.totals.flops or 1
+    for m in report.modules:
+        if m.depth > depth or (m.nodes == 0 and m.params == 0):
+            continue
+        name = "  " * m.depth + (m.path.rsplit(".", 1)[-1] if m.path else report.model)
+        rows.append([
+            name, m.type, fmt_count(m.params), fmt_count(m.flops), f"{100 * m.flops / total_flops:.1f}%",
+            fmt_bytes(m.mac_bytes), fmt_count(m.elem_ops), f"{m.intensity:.1f}", _shape(m.out_shape),
+        ] + ([fmt_ms(m.latency_ms)] if report.latency else []))
+    headers = ["module", "type", "params", "FLOPs", "share", "MAC", "elem ops", "FLOPs/B", "out shape"]
+    if report.latency:
+        headers.append("ms")
+    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "left") + ("right",) * (len(headers) - 2))
+
+
+def node_table(report: Report, limit: int | None = None, sort: str | None = None) -> str:
+    """Every node: op, module, category, costs, output shape (optionally the top ``limit`` by ``sort``)."""
+    nodes = list(report.nodes)
+    if sort:
+        nodes.sort(key=lambda n: getattr(n, sort) or 0, reverse=True)
+    if limit:
+        nodes = nodes[:limit]
+    rows = [[n.name, n.op, n.module or "-", n.category, fmt_count(n.params), fmt_count(n.flops), fmt_bytes(n.mac_bytes),
+             fmt_count(n.elem_ops), f"{n.intensity:.1f}", _shape(n.out_shape)]
+            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms)] if report.latency else []) for n in nodes]
+    headers = ["node", "op", "module", "category", "params", "FLOPs", "MAC", "elem ops", "FLOPs/B", "out shape"]
+    if report.latency:
+        headers += ["ms", "pred ms"]
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def totals_lines(report: Report) -> list[str]:
+    """The totals block: params, FLOPs, MAC, element ops, intensity, capture."""
+    t = report.totals
+    inputs = ", ".join(f"{'×'.join(map(str, i['shape']))} {i['dtype']}" for i in report.inputs)
+    lines = [
+        f"model      {report.model}  (capture: {report.capture}, dtype {report.dtype}, input {inputs})",
+        f"params     {fmt_count(t.params)} ({t.params:,}; {fmt_bytes(t.param_bytes)})"
+        + (f", {fmt_count(t.unused_params)} never used in forward" if t.unused_params else ""),
+        f"FLOPs      {fmt_count(t.flops)} multiply-adds ({t.flops:,})",
+        f"MAC        {fmt_bytes(t.mac_bytes)} moved ({t.mac_bytes:,} bytes: {fmt_bytes(t.read_bytes)} read, "
+        f"{fmt_bytes(t.write_bytes)} written, {fmt_bytes(t.weight_bytes)} of it weights)",
+        f"elem ops   {fmt_count(t.elem_ops)} (element-wise, norm, activation, pooling; not in FLOPs)",
+        f"intensity  {t.intensity:.1f} FLOPs/byte",
+    ]
+    for note in report.capture_notes:
+        lines.append(f"note       {note}")
+    if report.uncounted:
+        lines.append("uncounted  " + ", ".join(f"{op} ×{n}" for op, n in report.uncounted.items())
+                     + "  (no FLOP formula; bytes counted)")
+    return lines
+
+
+def render_text(report: Report, depth: int = 2, per_node: bool = False) -> str:
+    """The full terminal report."""
+    parts = [node_table(report) if per_node else module_table(report, depth), "", *totals_lines(report)]
+    return "\n".join(parts)

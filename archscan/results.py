@@ -1,0 +1,159 @@
+"""Results as frozen dataclasses of raw numbers; formatting lives in ``archscan.report``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = "archscan.report/1"
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One graph node (an fx node, an exported aten op, or a recorded eager op)."""
+
+    name: str
+    op: str
+    module: str
+    module_type: str
+    category: str
+    flops: int
+    elem_ops: int
+    mac_bytes: int
+    read_bytes: int
+    write_bytes: int
+    weight_bytes: int
+    params: int
+    out_shape: tuple[int, ...] | None
+    dtype: str | None
+    source: str | None = None
+    inputs: tuple[str, ...] = ()
+    aten_ops: tuple[str, ...] = ()
+    attrs: dict = field(default_factory=dict)
+    latency_ms: float | None = None
+    predicted_ms: float | None = None
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, multiply-adds per byte moved."""
+        return self.flops / self.mac_bytes if self.mac_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class ModuleReport:
+    """Costs summed over every node inside one module (its whole subtree)."""
+
+    path: str
+    type: str
+    depth: int
+    flops: int
+    elem_ops: int
+    mac_bytes: int
+    params: int
+    nodes: int
+    out_shape: tuple[int, ...] | None = None
+    category: str = ""
+    latency_ms: float | None = None
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.mac_bytes if self.mac_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Whole-model totals. ``params`` counts every registered parameter once."""
+
+    params: int
+    flops: int
+    mac_bytes: int
+    elem_ops: int
+    read_bytes: int
+    write_bytes: int
+    weight_bytes: int
+    used_params: int
+    unused_params: int
+    param_bytes: int
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.mac_bytes if self.mac_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule's verdict on one place in the model."""
+
+    rule: str
+    severity: str
+    module: str
+    message: str
+    evidence: dict
+    saving: dict
+    fix: str = ""
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything archscan knows about one model at one input."""
+
+    model: str
+    capture: str
+    inputs: tuple[dict, ...]
+    dtype: str
+    totals: Totals
+    nodes: tuple[NodeReport, ...]
+    modules: tuple[ModuleReport, ...]
+    uncounted: dict[str, int]
+    capture_notes: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    latency: dict | None = None
+    recommendations: tuple[dict, ...] = ()
+    schema: str = SCHEMA
+
+    def node(self, name: str) -> NodeReport:
+        """The node called ``name`` (KeyError if none)."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def module(self, path: str) -> ModuleReport:
+        """The module at ``path`` ('' is the whole model)."""
+        for m in self.modules:
+            if m.path == path:
+                return m
+        raise KeyError(path)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form (schema ``archscan.report/1``)."""
+        totals = asdict(self.totals)
+        totals["arithmetic_intensity"] = self.totals.intensity
+        out: dict[str, Any] = {
+            "schema": self.schema,
+            "model": self.model,
+            "capture": self.capture,
+            "capture_notes": list(self.capture_notes),
+            "inputs": list(self.inputs),
+            "dtype": self.dtype,
+            "totals": totals,
+            "nodes": [_node_json(n) for n in self.nodes],
+            "modules": [_drop_none(asdict(m)) for m in self.modules],
+            "uncounted": dict(self.uncounted),
+            "findings": [asdict(f) for f in self.findings],
+            "recommendations": list(self.recommendations),
+        }
+        if self.latency is not None:
+            out["latency"] = self.latency
+        return out
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
+
+
+def _node_json(n: NodeReport) -> dict:
+    d = _drop_none(asdict(n))
+    d["attrs"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in n.attrs.items()}
+    return d
