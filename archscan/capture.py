@@ -18,6 +18,8 @@ nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import logging
 import operator
 import os
@@ -108,17 +110,15 @@ def _shape_str(value) -> str:
 @contextlib.contextmanager
 def _quiet():
     """Silence torch's logging and warnings while a capture attempt may fail noisily."""
-    loggers = [logging.getLogger(n) for n in ("torch", "torch._dynamo", "torch.export", "torch.fx", "torch._export")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, lv in zip(loggers, levels):
-            lg.setLevel(lv)
+        logging.disable(previous)
 
 
 def source_of(node: torch.fx.Node) -> str | None:
@@ -174,6 +174,16 @@ def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
     return names, numel, weight_keys
 
 
+def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
+    """A copy of a user's module whose tensors are fake; the original is left untouched."""
+    memo: dict[int, Any] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in memo:
+            fake = fake_mode.from_tensor(t.detach())
+            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
+    return copy.deepcopy(model, memo)
+
+
 def _fakeify(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     """Replace a real model's parameters and buffers with fake tensors (shared ones stay shared)."""
     memo: dict[int, torch.Tensor] = {}
@@ -195,16 +205,16 @@ def _fakeify(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
 
 def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
     """Construct the model without allocating weights (fake tensors)."""
-    if target.instance is None:
-        try:
-            with fake_mode, _quiet():
-                model = target.build(kwargs)
-        except ArchscanError:
-            raise
-        except Exception:
-            model = None  # constructor needs real values (e.g. .tolist() on a tensor): build for real
-        if model is not None:
-            return _prepare(model, dtype, fake_mode)
+    if target.instance is not None:
+        return _prepare(_fake_copy(target.instance, fake_mode), dtype, fake_mode)
+    try:
+        with fake_mode, _quiet():
+            model = target.build(kwargs)
+        return _prepare(model, dtype, fake_mode)
+    except ArchscanError:
+        raise
+    except Exception:
+        pass  # the constructor needs real values (e.g. .tolist() on a tensor): build for real
     model = build_real(target, kwargs, None)
     return _prepare(_fakeify(model, fake_mode), dtype, fake_mode)
 
@@ -212,7 +222,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
 def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None) -> nn.Module:
     """Construct the model with real weights on the CPU."""
     try:
-        model = target.build(kwargs)
+        model = copy.deepcopy(target.instance) if target.instance is not None else target.build(kwargs)
     except ArchscanError:
         raise
     except Exception as exc:
@@ -229,8 +239,25 @@ def _prepare(model: nn.Module, dtype: torch.dtype | None, fake_mode: FakeTensorM
     model.eval()
     if dtype is not None:
         with fake_mode:
-            model.to(dtype)
+            _cast(model, dtype)
     return model
+
+
+def _cast(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast floating-point parameters and buffers in place, keeping shared tensors shared.
+
+    (``Module.to`` swaps tensors, which fake parameters of a copied module do not allow.)
+    """
+    memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in list(store.items()):
+                if t is None or not t.is_floating_point():
+                    continue
+                if id(t) not in memo:
+                    cast = t.detach().to(dtype)
+                    memo[id(t)] = nn.Parameter(cast, t.requires_grad) if isinstance(t, nn.Parameter) else cast
+                store[name] = memo[id(t)]
 
 
 def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None) -> list[torch.Tensor]:
