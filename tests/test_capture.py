@@ -1,0 +1,129 @@
+"""Capture paths (fx, export, eager), invariants, and the scan API."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import archscan
+from archscan.errors import ArchscanError
+
+
+@pytest.mark.parametrize("target,inputs", [
+    ("zoo:shufflenet_v2_x1_0", [(1, 3, 224, 224)]),
+    ("zoo:vit_tiny", [(1, 3, 224, 224)]),
+    ("zoo:llama_tiny", ["1,32:int64"]),
+    ("Net", [(2, 3, 16, 16)]),
+    ("DataBranch", [(1, 3, 8, 8)]),
+    ("ShapeBranch", [(1, 3, 16, 16)]),
+])
+def test_per_layer_values_sum_to_totals(target, inputs, toy):
+    target = target if target.startswith("zoo:") else f"{toy}:{target}"
+    r = archscan.scan(target, inputs)
+    t = r.totals
+    for field in ("flops", "mac_bytes", "elem_ops", "read_bytes", "write_bytes", "weight_bytes"):
+        assert sum(getattr(n, field) for n in r.nodes) == getattr(t, field), field
+    assert t.mac_bytes == t.read_bytes + t.write_bytes
+    assert sum(n.params for n in r.nodes) + t.unused_params == t.params
+    root = r.module("")
+    assert (root.flops, root.mac_bytes, root.params) == (t.flops, t.mac_bytes, t.params)
+    # a module's subtree sum equals the sum of its children's plus its own direct nodes
+    for m in r.modules:
+        if m.path and m.nodes:
+            inside = [n for n in r.nodes if n.module == m.path or n.module.startswith(m.path + ".")]
+            assert sum(n.flops for n in inside) == m.flops
+
+
+def test_fx_capture_keeps_modules_whole(toy):
+    r = archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)])
+    assert r.capture == "fx"
+    assert [n.op for n in r.nodes] == ["Conv2d", "BatchNorm2d", "ReLU", "AdaptiveAvgPool2d", "torch.flatten", "Linear"]
+    assert r.node("conv").source.endswith("toy.py:20")  # x = self.relu(self.bn(self.conv(x)))
+
+
+def test_export_fallback_on_shape_control_flow(toy):
+    r = archscan.scan(f"{toy}:ShapeBranch", [(1, 3, 16, 16)])
+    assert r.capture == "export"
+    assert "fx failed" in r.capture_notes[0]
+    # conv 3->4 1x1 at 16x16: 256*3*4 = 3072; the taken branch multiplies by 2 (element work)
+    assert r.totals.flops == 3072
+    assert any(n.category == "elementwise" and n.module == "" for n in r.nodes)
+    assert r.module("conv").flops == 3072
+
+
+def test_eager_fallback_on_tensor_control_flow(toy):
+    r = archscan.scan(f"{toy}:DataBranch", [(1, 3, 8, 8)])
+    assert r.capture == "eager"
+    assert any("path" in note for note in r.capture_notes)
+    # conv 64*3*4 = 768 + fc 4*2 = 8
+    assert r.totals.flops == 776
+    assert any(n.category == "host_sync" for n in r.nodes)  # the .item() behind `if`
+    assert r.module("conv").flops == 768 and r.module("fc").flops == 8
+    relu = [n for n in r.nodes if n.category == "activation"]
+    assert relu and relu[0].inputs  # data flow rebuilt from tensor identity
+
+
+def test_forced_eager_counts_the_fused_mha_path():
+    """A real CPU run of nn.MultiheadAttention in eval takes _native_multi_head_attention."""
+    mha = nn.MultiheadAttention(64, 4, batch_first=True).eval()
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    r = archscan.scan(M(), [(2, 10, 64)], capture_method="eager")
+    ops = {op for n in r.nodes for op in n.aten_ops}
+    assert "aten._native_multi_head_attention.default" in ops
+    assert r.totals.flops == 353_280
+    # torch's own counter misses that path entirely:
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        M()(torch.randn(2, 10, 64))
+    assert fc.get_total_flops() == 0
+
+
+def test_all_captures_agree_on_a_plain_model(toy):
+    reports = {m: archscan.scan(f"{toy}:Net", [(1, 3, 16, 16)], capture_method=m) for m in ("fx", "export", "eager")}
+    flops = {m: r.totals.flops for m, r in reports.items()}
+    params = {m: r.totals.params for m, r in reports.items()}
+    assert len(set(flops.values())) == 1, flops
+    assert len(set(params.values())) == 1
+    assert {r.capture for r in reports.values()} == {"fx", "export", "eager"}
+
+
+def test_scan_leaves_a_user_instance_untouched(toy):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    before = model[0].weight.detach().clone()
+    r = archscan.scan(model, torch.randn(2, 4))
+    assert r.totals.flops == 32
+    assert type(model[0].weight.data) is torch.Tensor and torch.equal(model[0].weight.detach(), before)
+
+
+def test_unused_parameters_are_reported(toy):
+    r = archscan.scan(f"{toy}:Unused", [(2, 8)])
+    assert r.totals.params == 72 + 9000
+    assert r.totals.unused_params == 9000
+    assert r.module("spare").params == 9000 and r.module("spare").nodes == 0
+
+
+def test_meta_scale_needs_no_memory():
+    """Analysis runs on fake tensors: 8B parameters, no allocation."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = archscan.scan("zoo:llama3_8b", ["1,16:int64"])
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert r.totals.params == 8_030_261_248
+    assert grown_kib < 1_000_000  # far below the 32 GB the weights would take
+
+
+def test_scan_api_input_forms():
+    a = archscan.scan("zoo:resnet18", (1, 3, 64, 64))
+    b = archscan.scan("zoo:resnet18", ["1,3,64,64"])
+    c = archscan.scan("zoo:resnet18", [torch.empty(1, 3, 64, 64)])
+    assert a.totals == b.totals == c.totals
+    with pytest.raises(ArchscanError):
+        archscan.scan("zoo:resnet18", [])
