@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 
 aten = torch.ops.aten
@@ -196,7 +195,18 @@ _ACTIVATION_FAMILY = {"activation", "norm", "elementwise"}
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    """Tensors in nested args (tuples, lists, dict values), in order; cheaper than pytree."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+    return out
 
 
 def _nbytes(t: torch.Tensor) -> int:
