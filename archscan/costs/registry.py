@@ -20,6 +20,7 @@ Conventions (stated once, used everywhere; see README "Counting conventions"):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -277,22 +278,32 @@ def is_free(func) -> bool:
     return func.is_view or func.overloadpacket in _FREE
 
 
-def category_of(func, args=()) -> str:
-    """The category of an aten op (conv ops look at their groups)."""
+@functools.lru_cache(maxsize=None)
+def _op_info(func) -> tuple[str, Any, bool, str, FlopFormula | None]:
+    """(name, packet, free, category, flop formula) of an op, computed once per op."""
     packet = func.overloadpacket
-    if is_free(func):
-        return "view"
-    cat = _CATEGORY.get(packet)
+    free = is_free(func)
+    cat = "view" if free else _CATEGORY.get(packet)
     if cat is None:
-        if torch.Tag.pointwise in func.tags:
+        tags = func.tags
+        if torch.Tag.pointwise in tags:
             cat = "elementwise"
-        elif torch.Tag.reduction in func.tags:
+        elif torch.Tag.reduction in tags:
             cat = "reduction"
-        elif torch.Tag.data_dependent_output in func.tags or torch.Tag.dynamic_output_shape in func.tags:
+        elif torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
             cat = "host_sync"
         else:
             cat = "other"
-    return cat
+    return str(func), packet, free, cat, _FLOP_FORMULAS.get(packet)
+
+
+def category_of(func) -> str:
+    """The category of an aten op before looking at its arguments (conv groups refine it)."""
+    return _op_info(func)[3]
+
+
+_CONVS = (aten.convolution, aten._convolution)
+_MATMULS = (aten.mm, aten.bmm, aten.baddbmm)
 
 
 def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | set = frozenset()) -> OpCost:
@@ -304,58 +315,49 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         weight_keys: storage keys of the model's parameters and buffers, so weight reads
             are told apart from activation reads.
     """
-    name = str(func)
-    packet = func.overloadpacket
-    if is_free(func):
+    name, packet, free, category, formula = _op_info(func)
+    if free:
         return OpCost(name, "view")
-    category = category_of(func, args)
     attrs: dict = {}
     ins = _tensors((args, kwargs))
     outs = _tensors(out)
 
     # Bytes: each distinct tensor read once, each output written once.
-    seen = set()
     read = weight = 0
     if packet in _GATHERS:
         # [n, d] = embedding([v, d], [n]): read the indices and the gathered rows only.
-        idx = [t for t in ins if not t.is_floating_point()]
-        read = sum(_nbytes(t) for t in idx) + sum(_nbytes(t) for t in outs)
-        table = ins[0] if packet is not aten.embedding else ins[0]
-        if storage_key(table) in weight_keys:
-            weight = sum(_nbytes(t) for t in outs)
-    elif packet in _NO_WRITE or category == "factory":
-        read = 0
-    else:
-        sources = ins[1:2] if packet is aten.copy_ else ins
-        for t in sources:
+        gathered = sum(_nbytes(t) for t in outs)
+        read = sum(_nbytes(t) for t in ins if not t.is_floating_point()) + gathered
+        if storage_key(ins[0]) in weight_keys:
+            weight = gathered
+    elif packet not in _NO_WRITE and category != "factory":
+        seen = set()
+        for t in (ins[1:2] if packet is aten.copy_ else ins):
             k = tensor_key(t)
             if k in seen:
                 continue
             seen.add(k)
-            read += _nbytes(t)
-            if storage_key(t) in weight_keys:
-                weight += _nbytes(t)
+            nbytes = _nbytes(t)
+            read += nbytes
+            if k[0] in weight_keys:
+                weight += nbytes
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
 
-    flops = 0
-    formula = _FLOP_FORMULAS.get(packet)
-    if formula is not None:
-        flops = int(formula(*args, **kwargs, out_val=out))
-    if packet in (aten.convolution, aten._convolution):
+    flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+    if packet in _CONVS:
         attrs = _conv_attrs(args)
         category = _conv_category(attrs)
-    elif packet in (aten.mm, aten.bmm, aten.baddbmm) and any(storage_key(t) in weight_keys for t in ins):
+    elif packet in _MATMULS and weight:
         category = "linear"
 
     elem = 0
-    out_numel = outs[0].numel() if outs else 0
     if category in _ACTIVATION_FAMILY:
-        elem = out_numel
+        elem = outs[0].numel() if outs else 0
     elif category in ("reduction", "host_sync"):
         elem = ins[0].numel() if ins else 0
     elif category == "pooling":
         window = _pool_window(func, args)
-        elem = out_numel * window if window else (ins[0].numel() if ins else 0)
+        elem = outs[0].numel() * window if window else ins[0].numel()
 
-    counted = formula is not None or category not in ("other",)
+    counted = formula is not None or category != "other"
     return OpCost(name, category, flops, elem, read, write, weight, counted, attrs)
