@@ -106,8 +106,10 @@ def _op_name(node: torch.fx.Node) -> tuple[str, str]:
         return str(target), ""
 
 
-def _node_category(costs: NodeCosts) -> str:
+def _node_category(costs: NodeCosts, module_type: str = "") -> str:
     present = {c.category for c in costs.ops}
+    if "Pool" in module_type and present <= {"pooling", "reduction", "view", "factory"}:
+        return "pooling"  # adaptive pooling to 1x1 runs as a mean: still a pooling layer
     for cat in CATEGORIES:
         if cat in present:
             return cat
@@ -147,9 +149,10 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             stack = stack + [(node.target, type(sub).__name__)]
         op, _ = _op_name(node)
         module, module_type = (stack[-1] if stack else ("", type(model).__name__))
+        leaf_type = module_type if node.op == "call_module" else ""
         nodes.append(NodeReport(
             name=node.name, op=op, module=module, module_type=module_type,
-            category=_node_category(costs),
+            category=_node_category(costs, leaf_type),
             flops=sum(c.flops for c in costs.ops), elem_ops=sum(c.elem_ops for c in costs.ops),
             mac_bytes=sum(c.mac_bytes for c in costs.ops), read_bytes=sum(c.read_bytes for c in costs.ops),
             write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
@@ -188,9 +191,12 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
         agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
         types.setdefault(path, type(mod).__name__)
     for node, stack in zip(nodes, stacks):
-        paths = {""} | {p for p, _ in stack}
         for p, t in stack:
             types.setdefault(p, t)
+        # every ancestor of the innermost module: containers such as ModuleList never run
+        # a forward of their own, so they are not on the stack
+        parts = node.module.split(".") if node.module else []
+        paths = {""} | {p for p, _ in stack} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
         for p in paths:
             a = agg.setdefault(p, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
             a["flops"] += node.flops

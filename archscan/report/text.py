@@ -68,7 +68,8 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
     headers = ["node", "op", "module", "category", "params", "FLOPs", "MAC", "elem ops", "FLOPs/B", "out shape"]
     if report.latency:
         headers += ["ms", "pred ms"]
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    return tabulate(rows, headers=headers, disable_numparse=True,
+                    colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
 
 
 def totals_lines(report: Report) -> list[str]:
