@@ -127,3 +127,13 @@ def test_scan_api_input_forms():
     assert a.totals == b.totals == c.totals
     with pytest.raises(ArchscanError):
         archscan.scan("zoo:resnet18", [])
+
+
+def test_transformer_encoder_layer_fused_path_is_counted():
+    """Eager CPU run of nn.TransformerEncoderLayer in eval takes _transformer_encoder_layer_fwd."""
+    layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
+    # attention 353280 (as above) + FFN 2*10*(64*256 + 256*64) = 655360 -> 1008640
+    eager = archscan.scan(layer, [(2, 10, 64)], capture_method="eager")
+    assert "aten._transformer_encoder_layer_fwd.default" in {op for n in eager.nodes for op in n.aten_ops}
+    assert eager.totals.flops == 1_008_640 and eager.uncounted == {}
+    assert archscan.scan(layer, [(2, 10, 64)]).totals.flops == 1_008_640  # export path agrees

@@ -139,8 +139,24 @@ def native_mha_flops(query, key, value, embed_dim, num_head, qkv_weight, *args, 
     return in_proj + attn + out_proj
 
 
+@register_flops(aten._transformer_encoder_layer_fwd)
+def encoder_layer_flops(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                        norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                        ffn_weight_1, *args, out_val=None, **kwargs) -> int:
+    """nn.TransformerEncoderLayer's fused inference path: self-attention plus the two FFN linears.
+
+    # [b, l, e] = encoder_layer([b, l, e]); ffn_weight_1 is [f, e]
+    """
+    attention = native_mha_flops(src, src, src, embed_dim, num_heads, qkv_weight)
+    shape = _shape(src)
+    tokens = shape[0] * shape[1] if len(shape) == 3 else shape[0]
+    ffn = 2 * tokens * int(embed_dim) * int(ffn_weight_1.shape[0])
+    return attention + ffn
+
+
 _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_flash_attention_for_cpu"), _opt("_native_multi_head_attention"),
+    _opt("_transformer_encoder_layer_fwd"),
     _opt("_scaled_dot_product_efficient_attention"), _opt("_scaled_dot_product_flash_attention"),
     _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
     _opt("_efficient_attention_forward")) if p is not None])
