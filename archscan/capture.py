@@ -541,6 +541,11 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             try:
                 _interpret(gm, inputs, fake_mode, recorder)
             except _NodeFailure as failure:
+                if _data_dependent(failure.exc):
+                    # .item(), nonzero(), ...: values fake tensors do not have; a real run will
+                    failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {_short(failure.exc)}"
+                    failures.setdefault("export", "skipped: the model needs tensor values")
+                    break
                 if _model_rejects(model, inputs, fake_mode):
                     raise ArchscanError(failure.describe(), hint=f"inputs were {_shape_str(inputs)}") from failure.exc
                 failures[kind] = f"graph did not run: {_short(failure.exc)}"
@@ -556,6 +561,19 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
     notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
     notes.append("eager capture: the analysis covers the path the model took for one random input")
     return Captured(gm, "eager", model, [n for n in notes if n], names, numel, failures)
+
+
+_DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",
+                   "UnsupportedOperatorException", "DataDependentOutputError")
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    """Did a fake-tensor run fail because it needed real tensor values?"""
+    while exc is not None:
+        if type(exc).__name__ in _DATA_DEPENDENT:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _model_rejects(model: nn.Module, inputs, fake_mode) -> bool:

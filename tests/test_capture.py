@@ -137,3 +137,13 @@ def test_transformer_encoder_layer_fused_path_is_counted():
     assert "aten._transformer_encoder_layer_fwd.default" in {op for n in eager.nodes for op in n.aten_ops}
     assert eager.totals.flops == 1_008_640 and eager.uncounted == {}
     assert archscan.scan(layer, [(2, 10, 64)]).totals.flops == 1_008_640  # export path agrees
+
+
+@pytest.mark.parametrize("name,sync_op", [("ItemScale", "aten._local_scalar_dense"), ("NonZero", "aten.nonzero")])
+def test_value_dependent_ops_fall_back_to_eager(toy, name, sync_op):
+    r = archscan.scan(f"{toy}:{name}", [(4, 8)])
+    assert r.capture == "eager"
+    assert "needs tensor values" in r.capture_notes[0]
+    syncs = [n for n in r.nodes if n.category == "host_sync"]
+    assert [n.op for n in syncs] == [sync_op]
+    assert r.totals.flops == 4 * 8 * 8

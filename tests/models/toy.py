@@ -136,3 +136,27 @@ def make_net(num_classes: int = 10):
 
 instance = Net()
 not_a_model = 42
+
+
+class ItemScale(nn.Module):
+    """.item() outside control flow: traceable, but fake tensors have no value to give."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        s = x.abs().max().item()
+        return self.fc(x) * s
+
+
+class NonZero(nn.Module):
+    """nonzero(): the output size depends on the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        idx = torch.nonzero(x[:, 0] > -100).squeeze(1)
+        return self.fc(x[idx])
