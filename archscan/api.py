@@ -176,18 +176,35 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
         used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
     )
+    unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
     return Report(
+        unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,
         model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
         dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
     )
 
 
+def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
+    """Tensors fx baked as constants: the model's forward builds them on the host each call."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            value = getattr(gm, node.target, None)
+            for user in node.users:
+                out.append({"name": node.target, "consumer": user.name, "source": source_of(user),
+                            "shape": list(value.shape) if isinstance(value, torch.Tensor) else None})
+    return tuple(out)
+
+
 def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]]) -> list[ModuleReport]:
     """Sum node costs into every module on each node's stack; every registered module is listed."""
     agg: dict[str, dict] = {}
     types: dict[str, str] = {}
+    kinds: dict[str, tuple[bool, bool]] = {}
     for path, mod in model.named_modules(remove_duplicate=False):
+        kinds[path] = (isinstance(mod, (nn.Sequential, nn.ModuleList, nn.ModuleDict)),
+                       type(mod).__module__.startswith("torch.nn."))
         agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
         types.setdefault(path, type(mod).__name__)
     for node, stack in zip(nodes, stacks):
@@ -222,5 +239,6 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
             path=path, type=types.get(path, type(model).__name__ if path == "" else "?"),
             depth=0 if path == "" else path.count(".") + 1, flops=a["flops"], elem_ops=a["elem_ops"],
             mac_bytes=a["mac_bytes"], params=params.get(path, 0), nodes=a["nodes"], out_shape=a["out"], category=cat,
+            container=kinds.get(path, (False, False))[0], builtin=kinds.get(path, (False, False))[1],
         ))
     return out

@@ -64,6 +64,7 @@ class Captured:
     param_names: dict[Any, str]        # storage key -> parameter name
     param_numel: dict[Any, int]        # storage key -> numel
     failures: dict[str, str]           # capture kind -> why it failed
+    training: bool = False             # the user's module instance was in train mode
 
 
 class OpRecorder(TorchDispatchMode):
@@ -552,7 +553,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
                 continue
             if failures:
                 notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
-            return Captured(gm, kind, model, notes, names, numel, failures)
+            return Captured(gm, kind, model, notes, names, numel, failures, _was_training(target))
     # eager: a real run on a random input
     model = build_real(target, kwargs, dtype)
     names, numel, weight_keys = _weight_maps(model)
@@ -560,7 +561,11 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
     gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
     notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
     notes.append("eager capture: the analysis covers the path the model took for one random input")
-    return Captured(gm, "eager", model, [n for n in notes if n], names, numel, failures)
+    return Captured(gm, "eager", model, [n for n in notes if n], names, numel, failures, _was_training(target))
+
+
+def _was_training(target: ModelTarget) -> bool:
+    return target.instance is not None and any(m.training for m in target.instance.modules())
 
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",

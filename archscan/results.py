@@ -53,6 +53,8 @@ class ModuleReport:
     nodes: int
     out_shape: tuple[int, ...] | None = None
     category: str = ""
+    container: bool = False   # Sequential / ModuleList / ModuleDict (no computation of its own)
+    builtin: bool = False     # a torch.nn layer (kept whole by fx)
     latency_ms: float | None = None
 
     @property
@@ -110,6 +112,9 @@ class Report:
     findings: tuple[Finding, ...] = ()
     latency: dict | None = None
     recommendations: tuple[dict, ...] = ()
+    unused_param_names: tuple[str, ...] = ()
+    host_constants: tuple[dict, ...] = ()   # tensors built on the host in forward (fx constants)
+    training: bool = False                  # the module given was in train mode
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:

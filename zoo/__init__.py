@@ -6,6 +6,6 @@
 from ._registry import ZooEntry, create_model, get_entry, list_models, register_model
 
 # Importing a family registers its variants.
-from . import shufflenetv2, shufflenetv1, mobilenetv2, mobilenetv1, resnet, vit, llama  # noqa: E402,F401
+from . import shufflenetv2, shufflenetv1, mobilenetv2, mobilenetv1, resnet, vit, llama, probes  # noqa: E402,F401
 
 __all__ = ["ZooEntry", "create_model", "get_entry", "list_models", "register_model"]

@@ -260,6 +260,7 @@ def _conv_attrs(args) -> dict:
         "kernel": tuple(int(k) for k in w.shape[2:]),
         "stride": tuple(int(s) for s in args[3]) if len(args) > 3 else (1,),
         "transposed": transposed,
+        "in_shape": tuple(int(d) for d in x.shape),
     }
 
 
@@ -365,6 +366,11 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         category = _conv_category(attrs)
     elif packet in _MATMULS and weight:
         category = "linear"
+    if category == "linear":
+        # [n, out] = x [n, in] @ w.t() [in, out]
+        w = next((t for t in ins if t.dim() == 2 and storage_key(t) in weight_keys), None)
+        if w is not None:
+            attrs = {"in_features": int(w.shape[0]), "out_features": int(w.shape[1])}
 
     elem = 0
     if category in _ACTIVATION_FAMILY:
