@@ -54,7 +54,7 @@ class _FrozenInstance:
 
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
-         name: str | None = None) -> Report:
+         name: str | None = None, rules: Sequence[str] | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -66,6 +66,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         dtype: run the model in this dtype (e.g. ``torch.bfloat16`` or ``'bf16'``).
         capture_method: ``'auto'`` (fx, then export, then eager) or one of them.
         name: the model's name in the report.
+        rules: rule ids to check (``archscan.rules.RULES``); None checks all, ``[]`` none.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -84,8 +85,12 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if dtype is not None and not dtype.is_floating_point:
         raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
     target = _to_target(model, name)
+    from .rules import run_rules, select_rules
+
+    selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
-    return build_report(captured, name or target.name, specs, dtype)
+    report = build_report(captured, name or target.name, specs, dtype)
+    return run_rules(report, selected) if selected else report
 
 
 # --- building the report from the annotated graph ----------------------------------------------------
@@ -120,6 +125,31 @@ def _merge_attrs(costs: NodeCosts) -> dict:
     for c in costs.ops:
         if c.attrs:
             return dict(c.attrs)
+    return {}
+
+
+_HOST_FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,
+                   torch.arange, torch.randn, torch.rand, torch.randint, torch.eye, torch.linspace}
+_DEVICE_METHODS = {"to", "cuda", "cpu"}
+
+
+def _placement_attrs(node: torch.fx.Node) -> dict:
+    """Where a node creates or moves tensors: host factories without ``device=``, ``.to(device)``."""
+    target = node.target
+    if node.op == "call_function" and target in _HOST_FACTORIES and "device" not in node.kwargs:
+        return {"host_factory": True}
+    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+        name = target.overloadpacket.__name__
+        if name in ("lift_fresh", "lift_fresh_copy"):
+            return {"host_factory": True}
+        if name == "_to_copy" and node.kwargs.get("device") is not None:
+            return {"device_move": True}
+    if node.op == "call_method" and target in _DEVICE_METHODS:
+        moves = target != "to" or any(isinstance(a, (str, torch.device)) or (isinstance(a, torch.fx.Node)
+                                      and a.op == "call_function" and a.target is getattr)
+                                      for a in list(node.args[1:]) + [node.kwargs.get("device")])
+        if moves:
+            return {"device_move": True, "to_host": target == "cpu"}
     return {}
 
 
@@ -159,11 +189,12 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             params=params, out_shape=costs.out_shape,
             dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
             source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
-            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs=_merge_attrs(costs),
+            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs={**_merge_attrs(costs), **_placement_attrs(node)},
         ))
         kept.add(node.name)
         node_stacks.append(stack)
-    modules = _module_reports(model, nodes, node_stacks)
+    unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
+    modules = _module_reports(model, nodes, node_stacks, set(unused_names))
     all_params = {}
     for _, p in model.named_parameters(remove_duplicate=True):
         all_params[id(p)] = p
@@ -176,7 +207,6 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
         used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
     )
-    unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
     return Report(
         unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,
         model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
@@ -197,7 +227,8 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]]) -> list[ModuleReport]:
+def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]],
+                    unused_names: set[str]) -> list[ModuleReport]:
     """Sum node costs into every module on each node's stack; every registered module is listed."""
     agg: dict[str, dict] = {}
     types: dict[str, str] = {}
@@ -223,15 +254,18 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
             a["out"] = node.out_shape
             a["cats"][node.category] += node.mac_bytes + node.flops
     params: Counter = Counter()
+    unused: Counter = Counter()
     seen: set[int] = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen:
             continue
         seen.add(id(p))
         parts = name.split(".")[:-1]
-        params[""] += p.numel()
-        for i in range(1, len(parts) + 1):
-            params[".".join(parts[:i])] += p.numel()
+        owners = [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        for owner in owners:
+            params[owner] += p.numel()
+            if name in unused_names:
+                unused[owner] += p.numel()
     out = []
     for path, a in agg.items():
         cat = a["cats"].most_common(1)[0][0] if a["cats"] else ""
@@ -239,6 +273,6 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
             path=path, type=types.get(path, type(model).__name__ if path == "" else "?"),
             depth=0 if path == "" else path.count(".") + 1, flops=a["flops"], elem_ops=a["elem_ops"],
             mac_bytes=a["mac_bytes"], params=params.get(path, 0), nodes=a["nodes"], out_shape=a["out"], category=cat,
-            container=kinds.get(path, (False, False))[0], builtin=kinds.get(path, (False, False))[1],
+            unused_params=unused.get(path, 0), container=kinds.get(path, (False, False))[0], builtin=kinds.get(path, (False, False))[1],
         ))
     return out

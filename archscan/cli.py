@@ -39,9 +39,12 @@ def scan_cmd(
     nodes: Annotated[bool, typer.Option("--nodes", help="list every graph node instead of the module table")] = False,
     capture: Annotated[str, typer.Option("--capture", help="auto (fx, then export, then eager), fx, export or eager")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout")] = False,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
+    skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
+    fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
-    """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, categories."""
+    """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, guideline findings."""
     from .api import scan
     from .loading import parse_kwargs, resolve_target
     from .report import render_text
@@ -53,11 +56,25 @@ def scan_cmd(
     specs = list(input or target.default_inputs)
     if not specs:
         raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224 (repeat for several inputs)")
-    report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model)
+    from .rules import SEVERITIES, select_rules, worst_severity
+
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise ArchscanError(f"unknown --fail-on {fail_on!r}", hint="use info, warning or error")
+    selected = select_rules(_csv(rules), _csv(skip_rules))
+    report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model,
+                  rules=selected)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
         typer.echo(render_text(report, depth=depth, per_node=nodes))
+    worst = worst_severity(report)
+    if fail_on is not None and worst is not None and SEVERITIES.index(worst) >= SEVERITIES.index(fail_on):
+        typer.echo(f"archscan: {worst} findings at or above --fail-on {fail_on}", err=True)
+        raise typer.Exit(1)
+
+
+def _csv(text: str | None) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else []
 
 
 @app.command("zoo")
@@ -89,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if first is not None and first not in _SUBCOMMANDS and args and args[0] not in ("--help", "-h"):
         args = ["scan", *args]
     try:
-        app(args=args, prog_name="archscan", standalone_mode=False)
+        rc = app(args=args, prog_name="archscan", standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            return rc  # typer.Exit(code) comes back as a return value when not standalone
     except ArchscanError as exc:
         if _state["debug"] or "--debug" in args:
             raise

@@ -53,6 +53,7 @@ class ModuleReport:
     nodes: int
     out_shape: tuple[int, ...] | None = None
     category: str = ""
+    unused_params: int = 0    # parameters under this module that forward never reads
     container: bool = False   # Sequential / ModuleList / ModuleDict (no computation of its own)
     builtin: bool = False     # a torch.nn layer (kept whole by fx)
     latency_ms: float | None = None

@@ -167,3 +167,37 @@ def test_not_a_model(capsys, toy):
 def test_unknown_option(capsys, toy):
     code, _, err = run(capsys, f"{toy}:Net", "--inptu", "1,3,8,8")
     assert code != 0 and "Traceback" not in err
+
+
+# --- findings --------------------------------------------------------------------------------------
+
+def test_findings_in_table_and_json(capsys, toy):
+    code, out, _ = run(capsys, f"{toy}:Unused", "--input", "2,8")
+    assert code == 0 and "unused-module" in out and "spare" in out
+    code, out, _ = run(capsys, f"{toy}:Unused", "--input", "2,8", "--json")
+    data = json.loads(out)
+    (f,) = [f for f in data["findings"] if f["rule"] == "unused-module"]
+    assert set(f) >= {"rule", "severity", "module", "message", "evidence", "saving"}
+    assert f["saving"]["params"] == 9000
+
+
+def test_rules_and_skip_rules_select(capsys, toy):
+    code, out, _ = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--json", "--rules", "fuse-conv-bn")
+    assert {f["rule"] for f in json.loads(out)["findings"]} == {"fuse-conv-bn"}
+    code, out, _ = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--json", "--skip-rules", "fuse-conv-bn,G4")
+    rules = {f["rule"] for f in json.loads(out)["findings"]}
+    assert rules and "fuse-conv-bn" not in rules and "G4" not in rules
+
+
+def test_fail_on(capsys, toy):
+    code, _, err = run(capsys, f"{toy}:Unused", "--input", "2,8", "--fail-on", "warning")
+    assert code == 1 and "--fail-on warning" in err
+    code, _, _ = run(capsys, f"{toy}:Unused", "--input", "2,8", "--fail-on", "error")
+    assert code == 0
+    code, _, _ = run(capsys, f"{toy}:Mlp", "--input", "2,16", "--rules", "unused-module", "--fail-on", "info")
+    assert code == 0
+
+
+def test_unknown_rule(capsys, toy):
+    code, _, err = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--rules", "G5")
+    assert_one_line_error(code, err, "G5", "G1")

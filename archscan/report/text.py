@@ -94,7 +94,44 @@ def totals_lines(report: Report) -> list[str]:
     return lines
 
 
-def render_text(report: Report, depth: int = 2, per_node: bool = False) -> str:
+def fmt_saving(saving: dict) -> str:
+    """{'mac_bytes': 1048576, 'kernels': 3} -> '1 MiB, 3 kernels'."""
+    parts = []
+    for key, value in saving.items():
+        if key.startswith("share") or value in (None, 0, {}):
+            continue
+        if key.endswith("bytes") or key == "bytes":
+            parts.append(fmt_bytes(value))
+        elif key == "flops_share":
+            parts.append(f"{100 * value:.0f}% of FLOPs")
+        else:
+            parts.append(f"{fmt_count(value)} {key}")
+    return ", ".join(parts) or "-"
+
+
+def findings_table(report: Report, limit: int = 20) -> str:
+    """Findings, most severe and largest saving first: rule, where, evidence, saving, fix."""
+    if not report.findings:
+        return "findings   none"
+    rows = []
+    for f in report.findings[:limit]:
+        where = f.module or "(model)"
+        if f.source:
+            where += f"\n{f.source}"
+        rows.append([f.severity, f.rule, where, f.message, fmt_saving(f.saving), f.fix])
+    table = tabulate(rows, headers=["severity", "rule", "where", "finding", "saving", "fix"],
+                     maxcolwidths=[None, None, 30, 50, 16, 50], disable_numparse=True)
+    more = len(report.findings) - limit
+    counts = {}
+    for f in report.findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    summary = "findings   " + ", ".join(f"{n} {sev}" for sev, n in counts.items())
+    return "\n".join([table] + ([f"... and {more} more (--json lists all)"] if more > 0 else []) + [summary])
+
+
+def render_text(report: Report, depth: int = 2, per_node: bool = False, findings: bool = True) -> str:
     """The full terminal report."""
     parts = [node_table(report) if per_node else module_table(report, depth), "", *totals_lines(report)]
+    if findings:
+        parts += ["", findings_table(report)]
     return "\n".join(parts)

@@ -160,3 +160,48 @@ class NonZero(nn.Module):
     def forward(self, x):
         idx = torch.nonzero(x[:, 0] > -100).squeeze(1)
         return self.fc(x[idx])
+
+
+class HostTensor(nn.Module):
+    """Builds a tensor on the host and moves one with .to() on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) + torch.tensor([1.0]) + torch.ones(8).to(x.device)
+
+
+class WithBuffer(nn.Module):
+    """The same constants, registered once as buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("offset", torch.ones(8))
+
+    def forward(self, x):
+        return self.fc(x) + self.offset
+
+
+class Chain(nn.Module):
+    """Out-of-place element-wise chain: sigmoid -> mul -> add, each temporary read once."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.sigmoid(self.fc(x))
+        return y * 2 + 1
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x))

@@ -1,0 +1,152 @@
+"""A networkx view of the annotated graph, and the building blocks the guidelines talk about.
+
+``to_networkx(report)`` makes one ``DiGraph`` from the report's nodes (one function, as
+STYLE.md asks). ``find_blocks`` finds building blocks two ways:
+
+* **module units** — a non-container module that sits in a container (``Sequential``,
+  ``ModuleList``): ResNet's ``Bottleneck``, ShuffleNet's units, a ViT encoder block;
+* **fork/join regions** — when a model has no such modules: from a node with several users to
+  its immediate post-dominator (where the branches meet again).
+
+For each block, the ShuffleNetV2 paper's "fragmented operators" (G3) are its convolution and
+pooling ops; ``series`` is the longest chain of them and ``parallel`` the largest set that
+can run side by side (the width of their reachability order, by Dilworth's theorem).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .results import NodeReport, Report
+
+FRAGMENT_CATEGORIES = frozenset({"conv", "grouped_conv", "depthwise_conv", "pooling"})
+ELEMENTWISE_CATEGORIES = frozenset({"activation", "elementwise", "norm"})  # + depthwise conv for G4
+
+
+def to_networkx(report: Report) -> nx.DiGraph:
+    """Nodes keyed by name, carrying their NodeReport as ``data['node']``; edges follow data flow."""
+    g = nx.DiGraph()
+    for n in report.nodes:
+        g.add_node(n.name, node=n, category=n.category)
+    for n in report.nodes:
+        for src in n.inputs:
+            if src in g:
+                g.add_edge(src, n.name)
+    return g
+
+
+@dataclass(frozen=True)
+class Block:
+    """One building block and its fragmentation."""
+
+    name: str             # module path, or "fork..join" for a region
+    type: str
+    kind: str             # "module" or "region"
+    nodes: tuple[str, ...]
+    fragments: int        # convolution and pooling ops (ShuffleNetV2, G3)
+    series: int           # longest chain of fragmented ops
+    parallel: int         # most fragmented ops that can run at once
+    flops: int
+    mac_bytes: int
+    elementwise_mac_bytes: int
+    elementwise_flops: int
+
+    @property
+    def signature(self) -> tuple:
+        return (self.type, self.fragments, self.series, self.parallel)
+
+
+def _is_fragment(n: NodeReport) -> bool:
+    return n.category in FRAGMENT_CATEGORIES
+
+
+def is_elementwise(n: NodeReport) -> bool:
+    """Element-wise work as the paper counts it (G4): activations, adds, norms, depthwise convs."""
+    return n.category in ELEMENTWISE_CATEGORIES or n.category == "depthwise_conv"
+
+
+def fragmentation(g: nx.DiGraph, names: list[str]) -> tuple[int, int, int]:
+    """(fragments, longest chain, width) of the fragmented ops among ``names``."""
+    inside = set(names)
+    frags = [n for n in names if _is_fragment(g.nodes[n]["node"])]
+    if not frags:
+        return 0, 0, 0
+    sub = g.subgraph(inside)
+    reach = {f: nx.descendants(sub, f) & set(frags) for f in frags}
+    # longest chain: DP over a topological order of the fragment ops
+    order = [n for n in nx.topological_sort(sub) if n in reach]
+    longest = {f: 1 for f in frags}
+    for f in order:
+        for h in reach[f]:
+            longest[h] = max(longest[h], longest[f] + 1)
+    # width = |frags| - maximum matching in the comparability bipartite graph (Dilworth)
+    bip = nx.Graph()
+    left = [("a", f) for f in frags]
+    bip.add_nodes_from(left, bipartite=0)
+    bip.add_nodes_from((("b", f) for f in frags), bipartite=1)
+    bip.add_edges_from((("a", f), ("b", h)) for f in frags for h in reach[f])
+    matching = nx.bipartite.hopcroft_karp_matching(bip, top_nodes=left)
+    width = len(frags) - len(matching) // 2
+    return len(frags), max(longest.values()), width
+
+
+def _block(g: nx.DiGraph, name: str, type_: str, kind: str, names: list[str]) -> Block:
+    nodes = [g.nodes[n]["node"] for n in names]
+    fragments, series, parallel = fragmentation(g, names)
+    elem = [n for n in nodes if is_elementwise(n)]
+    return Block(name, type_, kind, tuple(names), fragments, series, parallel,
+                 sum(n.flops for n in nodes), sum(n.mac_bytes for n in nodes),
+                 sum(n.mac_bytes for n in elem), sum(n.flops for n in elem))
+
+
+def module_units(report: Report) -> list[tuple[str, str]]:
+    """(path, type) of every non-container module whose parent is a container (or a container root)."""
+    mods = {m.path: m for m in report.modules}
+    units = []
+    for m in report.modules:
+        if not m.path or m.container or m.builtin or m.nodes == 0:
+            continue
+        parent = m.path.rsplit(".", 1)[0] if "." in m.path else ""
+        if parent in mods and mods[parent].container:
+            units.append((m.path, m.type))
+    # keep the outermost units only
+    paths = [p for p, _ in units]
+    return [(p, t) for p, t in units if not any(p.startswith(q + ".") for q in paths if q != p)]
+
+
+def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
+    """(fork, join, nodes) for every node with several users, up to where its branches meet."""
+    if g.number_of_nodes() == 0:
+        return []
+    sink = "__sink__"
+    rev = g.reverse(copy=True)
+    for n in g.nodes:
+        if g.out_degree(n) == 0:
+            rev.add_edge(sink, n)
+    ipdom = nx.immediate_dominators(rev, sink)
+    regions = []
+    for f in nx.topological_sort(g):
+        if g.out_degree(f) < 2 or f not in ipdom:
+            continue
+        join = ipdom[f]
+        if join == sink:
+            continue
+        between = (nx.descendants(g, f) & nx.ancestors(g, join)) | {f, join}
+        order = [n for n in nx.topological_sort(g.subgraph(between))]
+        regions.append((f, join, order))
+    return regions
+
+
+def find_blocks(report: Report, g: nx.DiGraph | None = None) -> list[Block]:
+    """Building blocks: module units when the model has them, fork/join regions otherwise."""
+    g = g if g is not None else to_networkx(report)
+    units = module_units(report)
+    if units:
+        blocks = []
+        for path, type_ in units:
+            names = [n.name for n in report.nodes if n.module == path or n.module.startswith(path + ".")]
+            blocks.append(_block(g, path, type_, "module", names))
+        return blocks
+    return [_block(g, f"{f}..{j}", "region", "region", names) for f, j, names in fork_join_regions(g)]

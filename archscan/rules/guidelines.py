@@ -1,0 +1,181 @@
+"""The four ShuffleNetV2 guidelines (Ma et al., ECCV 2018), quantified.
+
+G1 equal channel width minimizes MAC; G2 excessive group convolution increases MAC;
+G3 network fragmentation reduces parallelism; G4 element-wise operations are non-negligible.
+MACs here are in elements (the paper's unit) unless a name says bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ..graph import ELEMENTWISE_CATEGORIES, find_blocks, is_elementwise
+from ..results import Finding, NodeReport
+from .context import RuleContext, dtype_size
+
+CONV_CATEGORIES = ("conv", "grouped_conv", "depthwise_conv")
+G1_MIN_RATIO = 1.05      # the paper's 1:2 row (MAC x1.053 of the 1:1 row) already runs 12% slower on GPU
+G2_MIN_RATIO = 1.05
+RELEVANT_SHARE = 0.001   # ignore layers whose excess is under 0.1% of the model's MAC
+
+
+def _hw(shape) -> int:
+    return math.prod(shape[2:]) if shape and len(shape) > 2 else 1
+
+
+def conv_mac_terms(n: NodeReport) -> tuple[int, int, int, int, int, int]:
+    """(a, b, c1, c2, k, g): MAC = a*c1 + b*c2 + k*c1*c2/g elements (a, b: input/output map sizes)."""
+    at = n.attrs
+    a = _hw(at.get("in_shape")) * (at["in_shape"][0] if at.get("in_shape") else 1)
+    b = _hw(n.out_shape) * (n.out_shape[0] if n.out_shape else 1)
+    k = math.prod(at["kernel"]) if at.get("kernel") else 1
+    return a, b, at["in_channels"], at["out_channels"], k, at["groups"]
+
+
+def conv_mac_elements(a: int, b: int, c1: int, c2: int, k: int, g: int) -> float:
+    """Eq. 1/2 generalised: feature maps in + out, plus weights."""
+    return a * c1 + b * c2 + k * c1 * c2 / g
+
+
+def g1_lower_bound(a: int, b: int, c1: int, c2: int, k: int, g: int) -> float:
+    """The least MAC at the same FLOPs, over c1, c2 with c1*c2 fixed: 2*sqrt(a*b*c1*c2) + k*c1*c2/g.
+
+    For a 1x1 conv (a = b = hw) this is Eq. 1: MAC >= 2*sqrt(hw*B) + B/hw.
+    """
+    return 2 * math.sqrt(a * b * c1 * c2) + k * c1 * c2 / g
+
+
+def g2_reference(a: int, b: int, c1: int, c2: int, k: int, g: int) -> float:
+    """MAC of the g=1 layer with the same input and FLOPs (c2 -> c2/g), Eq. 2's comparison."""
+    return a * c1 + b * c2 / g + k * c1 * (c2 / g)
+
+
+def _itemsize(n: NodeReport) -> int:
+    """Bytes per element of the node's output dtype."""
+    return dtype_size(n.dtype)
+
+
+def _convs(ctx: RuleContext) -> list[NodeReport]:
+    return [n for n in ctx.report.nodes if n.category in CONV_CATEGORIES and "in_channels" in n.attrs
+            and not n.attrs.get("transposed")]
+
+
+def check_g1(ctx: RuleContext) -> list[Finding]:
+    """G1: MAC of each ungrouped conv against the lower bound at the same FLOPs."""
+    findings = []
+    total_mac = ctx.report.totals.mac_bytes or 1
+    for n in _convs(ctx):
+        if n.attrs["groups"] != 1 or n.attrs["in_channels"] <= 4:
+            continue  # grouped convs are G2's; an image stem's 1-4 input channels are fixed by the data
+        terms = conv_mac_terms(n)
+        mac, bound = conv_mac_elements(*terms), g1_lower_bound(*terms)
+        ratio = mac / bound
+        excess = (mac - bound) * _itemsize(n)
+        if ratio < G1_MIN_RATIO or excess < RELEVANT_SHARE * total_mac:
+            continue
+        _, _, c1, c2, _, _ = terms
+        findings.append(Finding(
+            rule="G1", severity="warning" if ratio >= 1.25 else "info", module=n.module or n.name,
+            message=f"{c1}->{c2} channels (1:{c2 / c1:.2g}): MAC is {ratio:.2f}x the least at these FLOPs",
+            evidence={"node": n.name, "in_channels": c1, "out_channels": c2, "mac_elements": round(mac),
+                      "lower_bound_elements": round(bound), "ratio": round(ratio, 3)},
+            saving={"mac_bytes": round(excess), "share_of_model_mac": round(excess / total_mac, 4)},
+            fix="balance input and output channels (G1); e.g. a narrower expansion or a wider input",
+            source=n.source,
+        ))
+    return findings
+
+
+def check_g2(ctx: RuleContext) -> list[Finding]:
+    """G2: grouped (and depthwise) convs against the g=1 layer of the same FLOPs."""
+    findings = []
+    total_mac = ctx.report.totals.mac_bytes or 1
+    for n in _convs(ctx):
+        terms = conv_mac_terms(n)
+        g = terms[5]
+        if g == 1:
+            continue
+        mac, ref = conv_mac_elements(*terms), g2_reference(*terms)
+        ratio = mac / ref
+        extra = (mac - ref) * _itemsize(n)
+        if ratio < G2_MIN_RATIO or extra < RELEVANT_SHARE * total_mac:
+            continue
+        depthwise = n.category == "depthwise_conv"
+        findings.append(Finding(
+            rule="G2", severity="info" if depthwise or ratio < 1.25 else "warning", module=n.module or n.name,
+            message=(f"{'depthwise' if depthwise else f'{g}-group'} conv: MAC is {ratio:.2f}x that of a "
+                     f"dense conv with the same FLOPs"),
+            evidence={"node": n.name, "groups": g, "in_channels": terms[2], "out_channels": terms[3],
+                      "mac_elements": round(mac), "dense_equal_flops_elements": round(ref), "ratio": round(ratio, 3)},
+            saving={"mac_bytes": round(extra), "share_of_model_mac": round(extra / total_mac, 4)},
+            fix=("fewer groups (G2): use a group count the target platform handles well, e.g. dense 1x1 "
+                 "convs with a channel split as in ShuffleNetV2" if not depthwise else
+                 "depthwise convs trade FLOPs for MAC; keep them few and wide (ShuffleNetV2 uses one per unit)"),
+            source=n.source,
+        ))
+    return findings
+
+
+def check_g3(ctx: RuleContext) -> list[Finding]:
+    """G3: fragmented operators (convs and pools) per building block, grouped by block shape."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for b in ctx.blocks:
+        if b.fragments >= 2:
+            groups[b.signature].append(b)
+    findings = []
+    for (type_, fragments, series, parallel), blocks in groups.items():
+        severity = "warning" if fragments >= 5 or parallel >= 3 else "info"
+        names = [b.name for b in blocks]
+        shape = f"{series} in series" + (f", {parallel} in parallel" if parallel > 1 else "")
+        findings.append(Finding(
+            rule="G3", severity=severity, module=names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1})",
+            message=f"{len(blocks)} {type_} block(s) with {fragments} fragmented ops each ({shape})",
+            evidence={"blocks": names, "fragments": fragments, "series": series, "parallel": parallel,
+                      "paper_reference": "NASNet-A 13 per block, ResNet 2-3"},
+            saving={"kernels": (fragments - 1) * len(blocks)},
+            fix=("fewer, larger operators per block (G3): merge parallel branches into one wider conv, "
+                 "or fuse small convs in series"),
+        ))
+    return findings
+
+
+def elementwise_shares(ctx: RuleContext) -> dict:
+    t = ctx.report.totals
+    elem = [n for n in ctx.report.nodes if is_elementwise(n)]
+    mac = sum(n.mac_bytes for n in elem)
+    flops = sum(n.flops for n in elem)
+    return {"mac_bytes": mac, "mac_share": mac / t.mac_bytes if t.mac_bytes else 0.0,
+            "flops": flops, "flops_share": flops / t.flops if t.flops else 0.0,
+            "elem_ops": sum(n.elem_ops for n in elem)}
+
+
+G4_MIN_SHARE = 0.2
+
+
+def check_g4(ctx: RuleContext) -> list[Finding]:
+    """G4: share of element-wise work (ReLU, add, bias, norms, depthwise conv) in MAC vs in FLOPs."""
+    s = elementwise_shares(ctx)
+    if s["mac_share"] < G4_MIN_SHARE:
+        return []
+    top = sorted(ctx.blocks, key=lambda b: b.elementwise_mac_bytes, reverse=True)[:5]
+    by_cat: dict[str, int] = defaultdict(int)
+    for n in ctx.report.nodes:
+        if is_elementwise(n):
+            by_cat[n.category] += n.mac_bytes
+    return [Finding(
+        rule="G4", severity="warning" if s["mac_share"] >= 0.4 else "info", module="",
+        message=(f"element-wise ops move {100 * s['mac_share']:.0f}% of the bytes but do "
+                 f"{100 * s['flops_share']:.1f}% of the FLOPs"),
+        evidence={"mac_share": round(s["mac_share"], 4), "flops_share": round(s["flops_share"], 4),
+                  "elementwise_mac_bytes": s["mac_bytes"], "by_category_bytes": dict(by_cat),
+                  "top_blocks": [{"block": b.name, "mac_share": round(b.elementwise_mac_bytes / b.mac_bytes, 4)
+                                  if b.mac_bytes else 0.0} for b in top]},
+        saving={"mac_bytes": s["mac_bytes"] - sum(v for k, v in by_cat.items() if k == "depthwise_conv")},
+        fix=("fuse element-wise ops into their producers (conv+bn+relu folding, torch.compile), drop "
+             "ReLUs/shortcuts that do not pay for themselves (G4)"),
+    )]
+
+
+__all__ = ["check_g1", "check_g2", "check_g3", "check_g4", "conv_mac_terms", "g1_lower_bound", "g2_reference",
+           "ELEMENTWISE_CATEGORIES", "find_blocks"]

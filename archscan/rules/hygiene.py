@@ -1,0 +1,242 @@
+"""The everyday PyTorch tuning rules (shared/reference/tuning_rules.md) that a captured model shows."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..results import Finding, NodeReport
+from .context import RuleContext, dtype_size
+
+_SHOW = 10  # examples listed in a finding's evidence
+
+
+def _where(nodes: list[NodeReport]) -> str:
+    first = nodes[0].module or nodes[0].name
+    return first if len(nodes) == 1 else f"{first} (+{len(nodes) - 1})"
+
+
+def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
+    """Conv/linear whose only user is a batch norm: fold the norm into the weights for inference."""
+    g, pairs = ctx.graph, []
+    for n in ctx.report.nodes:
+        if n.category != "norm" or "BatchNorm" not in n.module_type and not any("batch_norm" in op for op in n.aten_ops):
+            continue
+        if len(n.inputs) != 1:
+            continue
+        src = g.nodes[n.inputs[0]]["node"]
+        if src.category in ("conv", "grouped_conv", "depthwise_conv", "linear") and g.out_degree(src.name) == 1:
+            users = list(g.successors(n.name))
+            act = g.nodes[users[0]]["node"] if len(users) == 1 else None
+            pairs.append((src, n, act if act is not None and act.category == "activation" else None))
+    if not pairs:
+        return []
+    saved = sum(bn.mac_bytes for _, bn, _ in pairs)
+    with_act = sum(1 for *_, a in pairs if a is not None)
+    return [Finding(
+        rule="fuse-conv-bn", severity="warning", module=_where([c for c, _, _ in pairs]),
+        message=(f"{len(pairs)} conv/linear + batch-norm pairs can be folded for inference"
+                 + (f" ({with_act} followed by an activation that can fuse too)" if with_act else "")),
+        evidence={"pairs": [{"conv": c.name, "norm": b.name, "activation": a.name if a else None}
+                            for c, b, a in pairs[:_SHOW]], "count": len(pairs)},
+        saving={"mac_bytes": saved, "kernels": len(pairs), "params": sum(b.params for _, b, _ in pairs)},
+        fix="fold BN into the conv weights: torch.fx.experimental.optimization.fuse(model) or "
+            "torch.ao.quantization.fuse_modules(model.eval(), [[conv, bn, relu], ...])",
+        source=pairs[0][1].source,
+    )]
+
+
+_SYNC_OPS = {"Tensor.item", "Tensor.tolist", "Tensor.numpy", "Tensor.cpu"}
+
+
+def check_host_sync(ctx: RuleContext) -> list[Finding]:
+    """Ops that make the host wait for the device: .item(), nonzero(), .cpu(), tensor-valued branches."""
+    syncs = [n for n in ctx.report.nodes
+             if n.category == "host_sync" or n.op in _SYNC_OPS or n.attrs.get("to_host")]
+    if not syncs:
+        return []
+    by_line: dict[str, list[NodeReport]] = defaultdict(list)
+    for n in syncs:
+        by_line[n.source or n.name].append(n)
+    notes = [note for note in ctx.report.capture_notes if "fx failed" in note or "export failed" in note]
+    findings = []
+    for line, nodes in by_line.items():
+        ops = sorted({n.op for n in nodes})
+        findings.append(Finding(
+            rule="host-sync", severity="warning", module=_where(nodes),
+            message=f"host-device synchronisation in forward: {', '.join(ops)}"
+                    + (" (also why the graph could not be captured)" if notes else ""),
+            evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": ops, "capture": notes},
+            saving={"syncs": len(nodes)},
+            fix="keep the value on the device (torch.where, masks, fixed-size outputs), batch the syncs, "
+                "or move the check out of the hot path",
+            source=nodes[0].source,
+        ))
+    return findings
+
+
+def check_host_tensor(ctx: RuleContext) -> list[Finding]:
+    """Tensors created on the host, or moved with .to()/.cuda(), inside forward."""
+    findings = []
+    made = [n for n in ctx.report.nodes if n.attrs.get("host_factory")]
+    consts = list(ctx.report.host_constants)
+    if made or consts:
+        where = [c["source"] or c["consumer"] for c in consts] + [n.source or n.name for n in made]
+        by_name = {n.name: n for n in ctx.report.nodes}
+        owners = [by_name[c["consumer"]].module for c in consts if c["consumer"] in by_name] + [n.module for n in made]
+        findings.append(Finding(
+            rule="host-tensor", severity="warning", module=next((o for o in owners if o), "(root)"),
+            message=f"{len(made) + len(consts)} tensor(s) created on the host inside forward",
+            evidence={"at": sorted(set(where))[:_SHOW], "constants": [c["name"] for c in consts][:_SHOW]},
+            saving={"copies": len(made) + len(consts)},
+            fix="register them as buffers in __init__ (register_buffer), or create them with device=x.device",
+            source=(consts[0]["source"] if consts else made[0].source),
+        ))
+    moved = [n for n in ctx.report.nodes if n.attrs.get("device_move") and not n.attrs.get("to_host")]
+    if moved:
+        findings.append(Finding(
+            rule="host-tensor", severity="info", module=_where(moved),
+            message=f"{len(moved)} .to(device)/.cuda() call(s) inside forward",
+            evidence={"nodes": [n.name for n in moved[:_SHOW]], "at": sorted({n.source or n.name for n in moved})[:_SHOW]},
+            saving={"copies": len(moved), "mac_bytes": sum(n.mac_bytes for n in moved)},
+            fix="create tensors on the right device once (buffers, device=...), not per call",
+            source=moved[0].source,
+        ))
+    return findings
+
+
+def check_unused_module(ctx: RuleContext) -> list[Finding]:
+    """Registered modules and parameters forward never touches: memory for nothing."""
+    r = ctx.report
+    if not r.unused_param_names:
+        return []
+    each = r.totals.param_bytes / max(1, r.totals.params)
+    dead = [m for m in r.modules if m.path and m.params and m.unused_params == m.params]
+    dead_paths = [m.path for m in dead]
+    tops = [m for m in dead if not any(m.path.startswith(p + ".") for p in dead_paths)]
+    covered = {n for n in r.unused_param_names if any(n.startswith(m.path + ".") for m in tops)}
+    loose = sorted(set(r.unused_param_names) - covered)
+    findings = [Finding(
+        rule="unused-module", severity="warning", module=m.path,
+        message=f"{m.type} {m.path!r} is never used in forward ({m.params:,} parameters)",
+        evidence={"parameters": sorted(n for n in r.unused_param_names if n.startswith(m.path + "."))[:_SHOW]},
+        saving={"params": m.params, "bytes": round(m.params * each)},
+        fix="delete it, or say why it exists (it is allocated, saved and loaded for nothing)",
+    ) for m in tops]
+    if loose:
+        count = r.totals.unused_params - sum(m.params for m in tops)
+        findings.append(Finding(
+            rule="unused-module", severity="warning", module=loose[0].rsplit(".", 1)[0] if "." in loose[0] else "",
+            message=f"parameters never used in forward: {', '.join(loose[:_SHOW])}",
+            evidence={"parameters": loose[:_SHOW]}, saving={"params": count, "bytes": round(count * each)},
+            fix="delete them, or say why they exist",
+        ))
+    return findings
+
+
+def check_inplace(ctx: RuleContext) -> list[Finding]:
+    """Chains of out-of-place element-wise ops: each writes a tensor the next reads once."""
+    g, links = ctx.graph, []
+    elementwise = ("elementwise", "activation", "norm")
+    for n in ctx.report.nodes:
+        if n.category not in ("elementwise", "activation") or len(n.inputs) < 1:
+            continue
+        if any(op.split(".")[1].endswith("_") for op in n.aten_ops if op.count(".") >= 2):
+            continue  # already in place
+        for src_name in n.inputs:
+            src = g.nodes[src_name]["node"]
+            if src.category in elementwise and g.out_degree(src_name) == 1:
+                links.append((src, n))
+                break
+    if not links:
+        return []
+    saved = sum(2 * src.write_bytes for src, _ in links)
+    return [Finding(
+        rule="inplace", severity="info", module=_where([n for _, n in links]),
+        message=f"{len(links)} out-of-place element-wise op(s) consume a temporary only they read",
+        evidence={"chains": [f"{a.name} -> {b.name}" for a, b in links[:_SHOW]], "count": len(links)},
+        saving={"mac_bytes": saved},
+        fix="fuse the chain (torch.compile) or use in-place ops (relu_, add_, nn.ReLU(inplace=True)) where autograd allows",
+        source=links[0][1].source,
+    )]
+
+
+def check_low_precision(ctx: RuleContext) -> list[Finding]:
+    """fp32 matmul/conv work that bf16/fp16 would halve in bytes (and speed up on tensor cores)."""
+    r = ctx.report
+    fp32 = [n for n in r.nodes if n.dtype == "float32"]
+    if not fp32 or not any(n.flops for n in fp32):
+        return []
+    fp32_bytes = sum(n.mac_bytes for n in fp32)
+    evidence = {"dtype": r.dtype, "float32_mac_bytes": fp32_bytes, "share_of_mac": round(fp32_bytes / r.totals.mac_bytes, 4)}
+    fix = "run under torch.autocast('cuda', dtype=torch.bfloat16) (or .half()); quantize to int8 for inference"
+    image = [i for i in r.inputs if i["dtype"] == "float32" and len(i["shape"]) == 4 and i["shape"][1] in (1, 3)]
+    if image:
+        evidence["image_input"] = image[0]["shape"]
+        fix += "; ship images as uint8 and normalise on the device (4x fewer bytes to transfer)"
+    return [Finding(
+        rule="low-precision", severity="info", module="",
+        message=f"the model runs in float32: {100 * fp32_bytes / r.totals.mac_bytes:.0f}% of its bytes would halve in bf16/fp16",
+        evidence=evidence, saving={"mac_bytes": fp32_bytes // 2}, fix=fix,
+    )]
+
+
+ALIGN = {"float16": 8, "bfloat16": 8, "float32": 8, "int8": 16, "uint8": 16}
+
+
+def check_channel_align(ctx: RuleContext) -> list[Finding]:
+    """Tensor cores want channel counts that are multiples of 8 (fp16/bf16) or 16 (int8)."""
+    r = ctx.report
+    bad = []
+    for n in r.nodes:
+        at = n.attrs
+        if n.category in ("conv", "linear") and at.get("groups", 1) == 1:
+            c_in = at.get("in_channels", at.get("in_features"))
+            c_out = at.get("out_channels", at.get("out_features"))
+            if c_in is None or c_out is None:
+                continue
+            m = ALIGN.get(n.dtype or "float32", 8)
+            off = [c for c, is_in in ((c_in, True), (c_out, False)) if c % m and not (is_in and c <= 4)]
+            if off:
+                bad.append((n, c_in, c_out, m))
+    if not bad:
+        return []
+    share = sum(n.flops for n, *_ in bad) / r.totals.flops if r.totals.flops else 0.0
+    return [Finding(
+        rule="channel-align", severity="warning" if share >= 0.25 else "info", module=_where([n for n, *_ in bad]),
+        message=f"{len(bad)} conv/linear layer(s) with channel counts not a multiple of {bad[0][3]} "
+                f"({100 * share:.0f}% of FLOPs)",
+        evidence={"layers": [{"node": n.name, "in": ci, "out": co} for n, ci, co, _ in bad[:_SHOW]],
+                  "count": len(bad), "flops_share": round(share, 4)},
+        saving={"flops_share": round(share, 4)},
+        fix="round channel counts up to a multiple of 8 (16 for int8), e.g. timm's make_divisible",
+        source=bad[0][0].source,
+    )]
+
+
+def check_channels_last(ctx: RuleContext) -> list[Finding]:
+    """Conv-heavy networks run faster in channels_last memory format on tensor cores."""
+    r = ctx.report
+    conv = sum(n.flops for n in r.nodes if n.category in ("conv", "grouped_conv", "depthwise_conv"))
+    if not r.totals.flops or conv / r.totals.flops < 0.5:
+        return []
+    return [Finding(
+        rule="channels-last", severity="info", module="",
+        message=f"convolutions are {100 * conv / r.totals.flops:.0f}% of the FLOPs: try channels_last with "
+                "cudnn.benchmark on a GPU",
+        evidence={"conv_flops_share": round(conv / r.totals.flops, 4)},
+        saving={},
+        fix="model.to(memory_format=torch.channels_last), inputs too; torch.backends.cudnn.benchmark = True; "
+            "measure both with archscan --measure --channels-last",
+    )]
+
+
+def check_no_grad(ctx: RuleContext) -> list[Finding]:
+    """A module handed over in train mode: inference should run in eval() under inference_mode()."""
+    if not ctx.report.training:
+        return []
+    return [Finding(
+        rule="no-grad", severity="warning", module="",
+        message="the module was in train mode (archscan analysed it in eval mode)",
+        evidence={"training": True}, saving={},
+        fix="call model.eval() and run inference under torch.inference_mode()",
+    )]

@@ -1,0 +1,191 @@
+"""Each rule fires on a small positive model with the expected evidence and stays quiet on a negative one;
+the guideline probes are ranked and flagged the way the ShuffleNetV2 paper measured them."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import archscan
+from archscan.rules import RULES
+from archscan.rules.guidelines import g1_lower_bound, g2_reference
+from archscan.zoo.probes import TABLES
+
+
+def findings(target, inputs, rule, **kw):
+    r = archscan.scan(target, inputs, rules=[rule], **kw)
+    assert all(f.rule == rule for f in r.findings)
+    return r.findings
+
+
+class Conv(nn.Module):
+    def __init__(self, c1, c2, k=1, groups=1, stride=1):
+        super().__init__()
+        self.conv = nn.Conv2d(c1, c2, k, stride=stride, padding=k // 2, groups=groups, bias=False)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_g1_bound_is_eq1_for_pointwise():
+    # Eq. 1: MAC >= 2*sqrt(hw*B) + B/hw; hw = 3136, c1 = c2 = 128 -> equality at 819200
+    hw, c = 3136, 128
+    assert g1_lower_bound(hw, hw, c, c, 1, 1) == pytest.approx(819_200)
+    # Eq. 2 reference: dense conv with the same input and FLOPs as a g=2 conv c=180 -> c2 = 90
+    assert g2_reference(hw, hw, 180, 180, 1, 2) == pytest.approx(3136 * 180 + 3136 * 90 + 180 * 90)
+
+
+def test_g1_fires_on_unbalanced_conv():
+    (f,) = findings(Conv(32, 192), [(1, 32, 28, 28)], "G1")
+    # MAC = 784*(32+192) + 32*192 = 181760; bound = 2*sqrt(784*784*6144) + 6144 = 129048.7...
+    assert f.evidence["mac_elements"] == 181_760
+    assert f.evidence["ratio"] == pytest.approx(181_760 / (2 * (784 * 784 * 6144) ** 0.5 + 6144), rel=1e-3)
+    assert f.module == "conv" and f.saving["mac_bytes"] > 0
+
+
+def test_g1_quiet_on_balanced_conv():
+    assert findings(Conv(64, 64), [(1, 64, 28, 28)], "G1") == ()
+
+
+def test_g2_fires_on_group_conv_and_not_on_dense():
+    (f,) = findings(Conv(128, 128, groups=8), [(1, 128, 28, 28)], "G2")
+    assert f.severity == "warning" and f.evidence["groups"] == 8
+    # extra = b*c2*(1 - 1/g) elements = 784*128*7/8 = 87808 -> bytes
+    assert f.saving["mac_bytes"] == 87_808 * 4
+    assert findings(Conv(128, 128), [(1, 128, 28, 28)], "G2") == ()
+
+
+def test_g3_fires_on_fragmented_blocks():
+    (f,) = findings("zoo:g3_parallel_4", ["1,128,56,56"], "G3")
+    assert (f.evidence["fragments"], f.evidence["parallel"], f.evidence["series"]) == (4, 4, 1)
+    assert f.severity == "warning" and len(f.evidence["blocks"]) == 10
+    (s,) = findings("zoo:g3_series_4", ["1,64,56,56"], "G3")
+    assert (s.evidence["series"], s.evidence["parallel"]) == (4, 1)
+    assert findings("zoo:g3_fragment_1", ["1,128,56,56"], "G3") == ()
+
+
+def test_g4_share_of_elementwise_work():
+    (f,) = findings("zoo:g4_relu_shortcut", ["1,32,56,56"], "G4")
+    r = archscan.scan("zoo:g4_relu_shortcut", ["1,32,56,56"], rules=[])
+    elem = sum(n.mac_bytes for n in r.nodes if n.category in ("activation", "elementwise"))
+    assert f.evidence["mac_share"] == pytest.approx(elem / r.totals.mac_bytes, abs=1e-4)
+    assert f.evidence["flops_share"] == 0.0
+    assert findings("zoo:g4_plain", ["1,32,56,56"], "G4") == ()
+
+
+def test_fuse_conv_bn(toy):
+    (f,) = findings(f"{toy}:Net", [(1, 3, 16, 16)], "fuse-conv-bn")
+    assert f.evidence["pairs"] == [{"conv": "conv", "norm": "bn", "activation": "relu"}]
+    r = archscan.scan(f"{toy}:Net", [(1, 3, 16, 16)], rules=[])
+    assert f.saving["mac_bytes"] == r.node("bn").mac_bytes
+    assert findings(f"{toy}:Mlp", [(2, 16)], "fuse-conv-bn") == ()
+
+
+def test_fuse_conv_bn_needs_single_user():
+    class TwoUsers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 1)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y
+
+    assert findings(TwoUsers(), [(1, 3, 8, 8)], "fuse-conv-bn") == ()
+
+
+def test_host_sync(toy):
+    (f,) = findings(f"{toy}:ItemScale", [(4, 8)], "host-sync")
+    assert f.evidence["ops"] == ["aten._local_scalar_dense"]
+    assert f.source.endswith("toy.py:149")  # s = x.abs().max().item()
+    (d,) = findings(f"{toy}:DataBranch", [(1, 3, 8, 8)], "host-sync")
+    assert "also why the graph could not be captured" in d.message
+    assert findings(f"{toy}:Net", [(1, 3, 8, 8)], "host-sync") == ()
+
+
+def test_host_tensor(toy):
+    made, moved = findings(f"{toy}:HostTensor", [(4, 8)], "host-tensor")
+    assert made.saving["copies"] == 2 and made.source.endswith("toy.py:173")
+    assert moved.saving["copies"] == 1
+    assert findings(f"{toy}:WithBuffer", [(4, 8)], "host-tensor") == ()
+
+
+def test_unused_module(toy):
+    (f,) = findings(f"{toy}:Unused", [(2, 8)], "unused-module")
+    assert f.module == "spare" and f.saving == {"params": 9000, "bytes": 36000}
+    assert findings(f"{toy}:Net", [(1, 3, 8, 8)], "unused-module") == ()
+
+
+def test_inplace(toy):
+    (f,) = findings(f"{toy}:Chain", [(4, 8)], "inplace")
+    # sigmoid -> mul -> add: two temporaries (4*8 floats) each written and read once more
+    assert f.evidence["count"] == 2 and f.saving["mac_bytes"] == 2 * 2 * 4 * 8 * 4
+    assert findings(f"{toy}:Net", [(1, 3, 8, 8)], "inplace") == ()  # ReLU(inplace=True)
+
+
+def test_low_precision(toy):
+    (f,) = findings(f"{toy}:Net", [(1, 3, 8, 8)], "low-precision")
+    assert f.evidence["image_input"] == [1, 3, 8, 8] and "uint8" in f.fix
+    assert findings(f"{toy}:Net", [(1, 3, 8, 8)], "low-precision", dtype="bfloat16") == ()
+
+
+def test_channel_align():
+    (f,) = findings(Conv(16, 10), [(1, 16, 8, 8)], "channel-align")
+    assert f.evidence["layers"] == [{"node": "conv", "in": 16, "out": 10}]
+    assert findings(Conv(3, 16), [(1, 3, 8, 8)], "channel-align") == ()  # the RGB stem is exempt
+
+
+def test_channels_last(toy):
+    assert len(findings(f"{toy}:Net", [(1, 3, 8, 8)], "channels-last")) == 1
+    assert findings(f"{toy}:Mlp", [(2, 16)], "channels-last") == ()
+
+
+def test_no_grad():
+    model = nn.Sequential(nn.Linear(4, 4))
+    assert len(findings(model, [(1, 4)], "no-grad")) == 1
+    assert findings(model.eval(), [(1, 4)], "no-grad") == ()
+
+
+def test_every_rule_has_a_test():
+    tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "host-sync", "host-tensor", "unused-module", "inplace",
+              "low-precision", "channel-align", "channels-last", "no-grad"}
+    assert set(RULES) == tested
+
+
+# --- the paper's probes -------------------------------------------------------------------------------
+
+def block_mac(name):
+    from archscan import zoo
+
+    return archscan.scan(f"zoo:{name}", list(zoo.get_entry(name).default_input), rules=[]).totals.mac_bytes
+
+
+@pytest.mark.parametrize("table", ["G1", "G2"])
+def test_mac_ranks_rows_in_the_papers_speed_order(table):
+    # Tables 1 and 2: rows are listed fastest first on GPU; MAC must grow down the table
+    macs = [block_mac(name) for name in TABLES[table]]
+    assert macs == sorted(macs) and len(set(macs)) == len(macs)
+
+
+@pytest.mark.parametrize("table,rule,quiet", [("G1", "G1", "g1_ratio_1_1"), ("G2", "G2", "g2_groups_1"),
+                                              ("G3", "G3", "g3_fragment_1"), ("G4", "G4", "g4_plain")])
+def test_rules_flag_the_slow_rows_only(table, rule, quiet):
+    from archscan import zoo
+
+    for name in TABLES[table]:
+        got = findings(f"zoo:{name}", list(zoo.get_entry(name).default_input), rule)
+        assert (got == ()) == (name == quiet), (name, got)
+
+
+# --- the paper's point, from the numbers ------------------------------------------------------------------
+
+def g1g2(name):
+    r = archscan.scan(f"zoo:{name}", [(1, 3, 224, 224)], rules=["G1", "G2"])
+    return r.findings
+
+
+def test_shufflenet_v2_has_fewer_g1_g2_findings_than_v1_and_mobilenet_v2():
+    v2, v1, mb2 = (g1g2(n) for n in ("shufflenet_v2_x1_0", "shufflenet_v1_g3_x1_0", "mobilenet_v2"))
+    assert len(v2) < len(v1) and len(v2) < len(mb2)
+    excess = [sum(f.saving["mac_bytes"] for f in fs) for fs in (v2, v1, mb2)]
+    assert excess[0] < excess[1] and excess[0] < excess[2]
