@@ -61,6 +61,11 @@ def _convs(ctx: RuleContext) -> list[NodeReport]:
             and not n.attrs.get("transposed")]
 
 
+def _balance(c1: int, c2: int) -> str:
+    """128, 768 -> '1:6'; 768, 128 -> '6:1'."""
+    return f"1:{c2 / c1:.3g}" if c2 >= c1 else f"{c1 / c2:.3g}:1"
+
+
 def check_g1(ctx: RuleContext) -> list[Finding]:
     """G1: MAC of each ungrouped conv against the lower bound at the same FLOPs."""
     findings = []
@@ -77,7 +82,7 @@ def check_g1(ctx: RuleContext) -> list[Finding]:
         _, _, c1, c2, _, _ = terms
         findings.append(Finding(
             rule="G1", severity="warning" if ratio >= 1.25 else "info", module=n.module or n.name,
-            message=f"{c1}->{c2} channels (1:{c2 / c1:.2g}): MAC is {ratio:.2f}x the least at these FLOPs",
+            message=f"{c1}->{c2} channels ({_balance(c1, c2)}): MAC is {ratio:.2f}x the least at these FLOPs",
             evidence={"node": n.name, "in_channels": c1, "out_channels": c2, "mac_elements": round(mac),
                       "lower_bound_elements": round(bound), "ratio": round(ratio, 3)},
             saving={"mac_bytes": round(excess), "share_of_model_mac": round(excess / total_mac, 4)},
