@@ -54,7 +54,8 @@ class _FrozenInstance:
 
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
-         name: str | None = None, rules: Sequence[str] | None = None) -> Report:
+         name: str | None = None, rules: Sequence[str] | None = None,
+         measure: "MeasureOptions | bool | None" = None, profile: "DeviceProfile | bool | None" = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -67,6 +68,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         capture_method: ``'auto'`` (fx, then export, then eager) or one of them.
         name: the model's name in the report.
         rules: rule ids to check (``archscan.rules.RULES``); None checks all, ``[]`` none.
+        measure: time the real model (``True`` or ``MeasureOptions``: device, amp, channels_last...).
+        profile: a ``DeviceProfile`` for roofline predictions; None uses the cached profile of the
+            device (``archscan calibrate``) when there is one; False predicts nothing.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -90,7 +94,23 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
-    return run_rules(report, selected) if selected else report
+    if selected:
+        report = run_rules(report, selected)
+    return _measure_and_predict(report, target, specs, kwargs or {}, dtype, measure, profile)
+
+
+def _measure_and_predict(report, target, specs, kwargs, dtype, measure, profile) -> Report:
+    from .measure import MeasureOptions, apply_predictions, load_profile, measure_report, resolve_device
+
+    options = MeasureOptions() if measure is True else measure or None
+    if options is not None:
+        report = measure_report(report, target, specs, kwargs, dtype, options)
+    if profile is False:
+        return report
+    if profile is None or profile is True:
+        device = resolve_device(options.device if options is not None else None)
+        profile = load_profile(device, options.threads if options is not None else None)
+    return apply_predictions(report, profile) if profile is not None else report
 
 
 # --- building the report from the annotated graph ----------------------------------------------------

@@ -11,3 +11,9 @@ TOY = os.path.join(HERE, "models", "toy.py")
 def toy():
     """Path of the toy-models file, for 'toy.py:Name' targets."""
     return TOY
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    """No device profile cached on the developer's machine leaks into a test."""
+    monkeypatch.setenv("ARCHSCAN_CACHE_DIR", str(tmp_path_factory.mktemp("archscan-cache")))

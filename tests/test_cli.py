@@ -201,3 +201,31 @@ def test_fail_on(capsys, toy):
 def test_unknown_rule(capsys, toy):
     code, _, err = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--rules", "G5")
     assert_one_line_error(code, err, "G5", "G1")
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+def test_calibrate_then_predict(capsys, toy):
+    code, out, _ = run(capsys, "calibrate", "--device", "cpu", "--quick")
+    assert code == 0 and "multiply-adds/s" in out and "saved" in out
+    code, out, _ = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--json")
+    data = json.loads(out)
+    assert data["latency"]["predicted_ms"] > 0 and all("predicted_ms" in n for n in data["nodes"])
+
+
+def test_measure_on_cpu(capsys, toy):
+    code, out, _ = run(capsys, f"{toy}:Net", "--input", "1,3,8,8", "--measure", "--device", "cpu", "--threads", "1")
+    assert code == 0 and "end to end on cpu" in out and "1 threads" in out and "per layer" in out
+
+
+def test_guidelines_command(capsys):
+    code, out, _ = run(capsys, "guidelines", "--device", "cpu", "--tables", "G4")
+    assert code == 0
+    assert "g4_relu_shortcut" in out and "paper GPU" in out and "ordering" in out
+
+
+def test_guidelines_bad_options(capsys):
+    code, _, err = run(capsys, "guidelines", "--scale", "3")
+    assert_one_line_error(code, err, "--scale 3")
+    code, _, err = run(capsys, "guidelines", "--tables", "G5")
+    assert_one_line_error(code, err, "G5")

@@ -48,9 +48,9 @@ def module_table(report: Report, depth: int = 2) -> str:
         rows.append([
             name, m.type, fmt_count(m.params), fmt_count(m.flops), f"{100 * m.flops / total_flops:.1f}%",
             fmt_bytes(m.mac_bytes), fmt_count(m.elem_ops), f"{m.intensity:.1f}", _shape(m.out_shape),
-        ] + ([fmt_ms(m.latency_ms)] if report.latency else []))
+        ] + ([fmt_ms(m.latency_ms)] if report.latency and report.latency.get("end_to_end_ms") else []))
     headers = ["module", "type", "params", "FLOPs", "share", "MAC", "elem ops", "FLOPs/B", "out shape"]
-    if report.latency:
+    if report.latency and report.latency.get("end_to_end_ms"):
         headers.append("ms")
     return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "left") + ("right",) * (len(headers) - 2))
 
@@ -64,10 +64,11 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
         nodes = nodes[:limit]
     rows = [[n.name, n.op, n.module or "-", n.category, fmt_count(n.params), fmt_count(n.flops), fmt_bytes(n.mac_bytes),
              fmt_count(n.elem_ops), f"{n.intensity:.1f}", _shape(n.out_shape)]
-            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms)] if report.latency else []) for n in nodes]
+            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms), n.attrs.get("bound", "-")] if report.latency else [])
+            for n in nodes]
     headers = ["node", "op", "module", "category", "params", "FLOPs", "MAC", "elem ops", "FLOPs/B", "out shape"]
     if report.latency:
-        headers += ["ms", "pred ms"]
+        headers += ["ms", "pred ms", "bound"]
     return tabulate(rows, headers=headers, disable_numparse=True,
                     colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
 
@@ -91,6 +92,41 @@ def totals_lines(report: Report) -> list[str]:
     if report.uncounted:
         lines.append("uncounted  " + ", ".join(f"{op} ×{n}" for op, n in report.uncounted.items())
                      + "  (no FLOP formula; bytes counted)")
+    return lines
+
+
+def latency_lines(report: Report) -> list[str]:
+    """Measured and predicted latency: end to end, per-layer sum and the gap, roofline fit."""
+    lat = report.latency
+    if not lat:
+        return []
+    lines = []
+    if lat.get("end_to_end_ms") is not None:
+        e2e = lat["end_to_end"]
+        where = f"{lat['device']} ({lat['device_name']}" + (f", {lat['threads']} threads" if lat.get("threads") else "") + ")"
+        extras = ", ".join(x for x in (f"amp {lat['amp']}" if lat.get("amp") else "",
+                                        "channels_last" if lat.get("channels_last") else "") if x)
+        lines.append(f"latency    {lat['end_to_end_ms']:.3f} ms end to end on {where}"
+                     + (f" [{extras}]" if extras else "")
+                     + f", median of {e2e['repeats']}, spread {100 * e2e['spread']:.1f}%"
+                     + (f"; {lat['throughput_per_s']:.1f} items/s" if lat.get("throughput_per_s") else ""))
+        if lat.get("per_layer_sum_ms") is not None:
+            lines.append(f"per layer  {lat['per_layer_sum_ms']:.3f} ms summed over {lat['timed_nodes']} nodes; "
+                         f"gap {lat['gap_ms']:+.3f} ms ({100 * lat['gap_fraction']:+.1f}%): {lat['gap_explained']}")
+        elif lat.get("per_layer_note"):
+            lines.append(f"per layer  {lat['per_layer_note']}")
+    if lat.get("predicted_ms") is not None:
+        prof = lat["profile"]
+        line = f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} (calibrated {prof['created'][:10]})"
+        if lat.get("prediction_error") is not None:
+            line += f"; {100 * lat['prediction_error']:+.0f}% against measured"
+        lines.append(line)
+        timed = [n for n in report.nodes if n.latency_ms and n.predicted_ms and n.category != "view"]
+        if timed:
+            worst = sorted(timed, key=lambda n: n.predicted_ms / n.latency_ms)[:3]
+            lines.append("below roof " + ", ".join(
+                f"{n.module or n.name} {100 * n.predicted_ms / n.latency_ms:.0f}% of roofline ({n.latency_ms:.3f} ms)"
+                for n in worst))
     return lines
 
 
@@ -131,7 +167,8 @@ def findings_table(report: Report, limit: int = 20) -> str:
 
 def render_text(report: Report, depth: int = 2, per_node: bool = False, findings: bool = True) -> str:
     """The full terminal report."""
-    parts = [node_table(report) if per_node else module_table(report, depth), "", *totals_lines(report)]
+    parts = [node_table(report) if per_node else module_table(report, depth), "", *totals_lines(report),
+             *latency_lines(report)]
     if findings:
         parts += ["", findings_table(report)]
     return "\n".join(parts)

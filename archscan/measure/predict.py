@@ -1,0 +1,99 @@
+"""Roofline prediction: each node takes max(compute time, memory time) plus launch overhead.
+
+    compute_ms  = flops / multiply-adds per second (the rate measured for the node's op class --
+                  dense, grouped or depthwise conv -- or the dtype's matmul peak)
+    memory_ms   = mac_bytes / bytes per second (measured for norms, activations, element-wise
+                  ops, pools and copies; else the large-copy bandwidth)
+    overhead_ms = kernels * launch overhead
+    predicted   = max(compute_ms, memory_ms) + overhead_ms
+
+A node is compute-bound when compute_ms is the largest of the three terms, memory-bound when
+memory_ms is, and overhead-bound when launching its kernels costs more than either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..results import NodeReport, Report
+from .profile import DeviceProfile
+
+# Ops that allocate without launching a kernel.
+_NO_KERNEL_PREFIXES = ("aten.empty", "aten.new_empty", "aten.lift_fresh")
+
+
+def kernels(node: NodeReport) -> int:
+    """Kernels a node launches: its non-view aten ops that do work."""
+    return sum(1 for op in node.aten_ops if not op.startswith(_NO_KERNEL_PREFIXES))
+
+
+def predict_node(node: NodeReport, profile: DeviceProfile) -> tuple[float, str]:
+    """(predicted ms, bound) for one node."""
+    compute = node.flops / profile.flops_for(node.dtype, node.category) * 1e3
+    memory = node.mac_bytes / profile.bandwidth_for(node.category) * 1e3
+    overhead = kernels(node) * profile.launch_overhead_ms
+    bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
+    if compute == memory == overhead == 0:
+        bound = "none"
+    return max(compute, memory) + overhead, bound
+
+
+def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
+    """The report with ``predicted_ms`` and ``bound`` on every node and the predicted total."""
+    nodes = []
+    for n in report.nodes:
+        ms, bound = predict_node(n, profile)
+        nodes.append(dataclasses.replace(n, predicted_ms=ms, attrs={**n.attrs, "bound": bound}))
+    latency = dict(report.latency or {})
+    latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
+    latency["profile"] = {"device": profile.device, "name": profile.name, "threads": profile.threads,
+                          "created": profile.created}
+    measured = latency.get("end_to_end_ms")
+    if measured:
+        latency["prediction_error"] = latency["predicted_ms"] / measured - 1
+    return dataclasses.replace(report, nodes=tuple(nodes), latency=latency)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman rank correlation (Pearson correlation of the ranks)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError("spearman needs two equally long lists of at least 2 values")
+    ra, rb = _ranks(list(a)), _ranks(list(b))
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else 0.0
+
+
+def fidelity(report: Report) -> dict:
+    """How well predictions track measurements: Spearman per node, end-to-end error, worst nodes."""
+    pairs = [(n.predicted_ms, n.latency_ms, n) for n in report.nodes
+             if n.predicted_ms is not None and n.latency_ms is not None and n.category != "view"]
+    if len(pairs) < 2:
+        return {}
+    lat = report.latency or {}
+    below = sorted(pairs, key=lambda p: p[0] / p[1] if p[1] else 1.0)
+    return {
+        "nodes": len(pairs),
+        "spearman": spearman([p[0] for p in pairs], [p[1] for p in pairs]),
+        "end_to_end_error": lat.get("prediction_error"),
+        "furthest_below_roofline": [{"node": n.name, "module": n.module, "achieved": pred / meas if meas else None,
+                                     "measured_ms": meas, "predicted_ms": pred} for pred, meas, n in below[:5]],
+    }

@@ -1,0 +1,244 @@
+"""Device profiles: measured once with micro-benchmarks, cached, used by the roofline prediction.
+
+``archscan calibrate`` measures dense matmul throughput per dtype (multiply-adds per second),
+memory bandwidth (a large copy: bytes read + written per second) and the per-kernel launch
+overhead (a one-element add). The profile is saved as JSON under the cache directory:
+``$ARCHSCAN_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/archscan`` or ``~/.cache/archscan``,
+in ``profiles/<device key>.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import DeviceError
+from .timing import Clock, clock_for, time_fn
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a device can do: peak multiply-adds/s per dtype, bytes/s, and overhead per kernel."""
+
+    device: str
+    name: str
+    threads: int | None
+    peak_flops: dict[str, float]     # dtype name -> multiply-adds per second
+    bandwidth: float                 # bytes per second (read + write)
+    launch_overhead_ms: float        # per kernel, host dispatch included
+    created: str
+    torch_version: str
+    class_flops: dict[str, float] = dataclasses.field(default_factory=dict)      # category -> multiply-adds/s (fp32)
+    class_bandwidth: dict[str, float] = dataclasses.field(default_factory=dict)  # category -> bytes/s
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.device, self.name, self.threads)
+
+    def flops_for(self, dtype: str | None, category: str | None = None) -> float:
+        """Achievable multiply-adds/s: the op class's measured rate when there is one (scaled from
+        float32 to the dtype by the matmul peaks), else the dtype's matmul peak."""
+        fp32 = self.peak_flops.get("float32") or max(self.peak_flops.values())
+        peak = self.peak_flops.get(dtype or "float32") or fp32
+        rate = self.class_flops.get(category or "")
+        return rate * peak / fp32 if rate else peak
+
+    def bandwidth_for(self, category: str | None = None) -> float:
+        """Bytes/s an op class achieves (measured), else the copy bandwidth."""
+        return self.class_bandwidth.get(category or "") or self.bandwidth
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DeviceProfile":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def cache_dir() -> Path:
+    """Where profiles live (see module docstring)."""
+    if os.environ.get("ARCHSCAN_CACHE_DIR"):
+        return Path(os.environ["ARCHSCAN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "archscan"
+
+
+def profile_key(device: str, name: str, threads: int | None) -> str:
+    kind = torch.device(device).type
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")[:60]
+    return f"{kind}-{slug}" + (f"-{threads}t" if kind == "cpu" and threads else "")
+
+
+def device_name(device: torch.device) -> str:
+    """'NVIDIA H200' or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """'cuda' when available unless a device is named; a clear error for one that is not there."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise DeviceError(f"unknown device {name!r}", hint="use cpu or cuda (cuda:N)") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError("CUDA is not available on this machine", hint="use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"no {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise DeviceError(f"device {name!r} is not supported", hint="use cpu or cuda")
+    return device
+
+
+def profile_path(key: str) -> Path:
+    return cache_dir() / "profiles" / f"{key}.json"
+
+
+def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
+    path = path or profile_path(profile.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_json(), indent=1))
+    return path
+
+
+def load_profile(device: torch.device, threads: int | None = None, path: Path | None = None) -> DeviceProfile | None:
+    """The cached profile of this device (and CPU thread count), or None."""
+    if path is None:
+        threads = threads if device.type == "cpu" else None
+        path = profile_path(profile_key(str(device), device_name(device), threads or torch.get_num_threads()
+                                        if device.type == "cpu" else None))
+    if not path.exists():
+        return None
+    return DeviceProfile.from_json(json.loads(path.read_text()))
+
+
+# --- micro-benchmarks ---------------------------------------------------------------------------
+
+def _matmul_rate(n: int, dtype: torch.dtype, device: torch.device, clock: Clock, budget_ms: float) -> float:
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    stats = time_fn(lambda: torch.mm(a, b), clock, warmup=1, min_repeats=3, budget_ms=budget_ms)
+    return n ** 3 / (stats.median_ms / 1e3)
+
+
+def _copy_bandwidth(nbytes: int, device: torch.device, clock: Clock, budget_ms: float) -> float:
+    x = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
+    y = torch.empty_like(x)
+    stats = time_fn(lambda: y.copy_(x), clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
+    return 2 * nbytes / (stats.median_ms / 1e3)
+
+
+def _launch_overhead_ms(device: torch.device, clock: Clock) -> float:
+    """Per-layer cost of launching one tiny kernel through an nn.Module call, as eager models do."""
+    x = torch.ones(1, device=device)
+    layer = torch.nn.ReLU()
+    calls = 200
+
+    def many():
+        for _ in range(calls):
+            layer(x)
+
+    stats = time_fn(many, clock, warmup=2, min_repeats=10, budget_ms=100)
+    return stats.median_ms / calls
+
+
+def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict]:
+    """Achieved rates of the op classes CNNs spend their time in (float32, batch 1, 56x56 maps).
+
+    Dense, grouped and depthwise convolutions reach very different fractions of the matmul
+    peak, and norms/activations/pools of the copy bandwidth; the roofline uses what each reaches.
+    """
+    import torch.nn.functional as F
+
+    hw = 28 if quick else 56
+    flops, bandwidth = {}, {}
+    cases = {
+        "conv": (64, 64, 3, 1), "grouped_conv": (128, 128, 1, 4), "depthwise_conv": (128, 128, 3, 128),
+    }
+    for category, (c1, c2, k, g) in cases.items():
+        x = torch.randn(1, c1, hw, hw, device=device)
+        w = torch.randn(c2, c1 // g, k, k, device=device)
+        stats = time_fn(lambda: F.conv2d(x, w, padding=k // 2, groups=g), clock, warmup=2, min_repeats=5,
+                        budget_ms=budget_ms)
+        flops[category] = hw * hw * c2 * (c1 // g) * k * k / (stats.median_ms / 1e3)
+    x = torch.randn(1, 64, hw, hw, device=device)
+    mean, var = torch.zeros(64, device=device), torch.ones(64, device=device)
+    ops = {
+        "norm": (lambda: F.batch_norm(x, mean, var, mean, var, False), 2 * x.numel() * 4),
+        "activation": (lambda: F.relu(x), 2 * x.numel() * 4),
+        "elementwise": (lambda: torch.add(x, x), 2 * x.numel() * 4),
+        "pooling": (lambda: F.max_pool2d(x, 3, 2, 1), x.numel() * 4 * 5 // 4),
+        "data_movement": (lambda: torch.cat([x, x], 1), 4 * x.numel() * 4),
+    }
+    for category, (fn, nbytes) in ops.items():
+        stats = time_fn(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
+        bandwidth[category] = nbytes / (stats.median_ms / 1e3)
+    return flops, bandwidth
+
+
+def calibrate(device: str | torch.device | None = None, threads: int | None = None, quick: bool = False,
+              progress=None) -> DeviceProfile:
+    """Measure a device: matmul multiply-adds/s per dtype, copy bandwidth, launch overhead.
+
+    Args:
+        device: 'cpu', 'cuda', 'cuda:1'; None picks cuda when available.
+        threads: CPU threads to use (default: torch's current setting).
+        quick: smaller problems and budgets (for tests).
+        progress: optional callable(str) told what is being measured.
+    """
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    if dev.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    clock = clock_for(dev)
+    say = progress or (lambda _msg: None)
+    budget = 20.0 if quick else 200.0
+    if dev.type == "cuda":
+        sizes = [1024] if quick else [2048, 4096, 8192]
+        dtypes = [torch.float32, torch.float16, torch.bfloat16]
+        copy_bytes = (64 if quick else 1024) * 2**20
+    else:
+        sizes = [128] if quick else [256, 512, 1024, 2048]
+        dtypes = [torch.float32] if quick else [torch.float32, torch.bfloat16]
+        copy_bytes = (8 if quick else 256) * 2**20
+    peak: dict[str, float] = {}
+    with torch.inference_mode():
+        for dt in dtypes:
+            say(f"matmul {str(dt).removeprefix('torch.')}")
+            rates = []
+            for n in sizes:
+                rates.append(_matmul_rate(n, dt, dev, clock, budget))
+                if n ** 3 / rates[-1] > 0.25:
+                    break  # this dtype is slow here (e.g. bf16 without CPU support): larger sizes add nothing
+            peak[str(dt).removeprefix("torch.")] = max(rates)
+        say("memory bandwidth")
+        bandwidth = _copy_bandwidth(copy_bytes, dev, clock, budget)
+        say("launch overhead")
+        overhead = _launch_overhead_ms(dev, clock)
+        say("conv, norm, activation, pooling rates")
+        class_flops, class_bandwidth = _class_rates(dev, clock, budget / 2, quick)
+    return DeviceProfile(
+        device=str(dev), name=device_name(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None,
+        peak_flops=peak, bandwidth=bandwidth, launch_overhead_ms=overhead,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), torch_version=torch.__version__,
+        class_flops=class_flops, class_bandwidth=class_bandwidth,
+    )

@@ -1,0 +1,200 @@
+"""Measure the real model: end-to-end latency and, per graph node, its own latency.
+
+The model is built with real (random) weights on the device, captured again the way the
+static report was (fx or export; node names match), and run under ``torch.inference_mode()``.
+Each node is then timed in isolation on its real inputs (warm-up, synchronisation, repeats
+until the median is stable); the end-to-end forward is timed the same way. The per-layer sum
+is reported beside the end-to-end time: the gap is launch overhead and host time between
+kernels (positive when the model is overhead-bound, negative when kernels overlap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from ..capture import build_real, make_inputs, trace_export, trace_fx
+from ..errors import ArchscanError, DeviceError
+from ..loading import InputSpec, ModelTarget
+from ..results import Report
+from .profile import device_name, resolve_device
+from .timing import TimingStats, clock_for, time_fn
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How to measure: device, autocast dtype, memory format, CPU threads, time budgets."""
+
+    device: str | None = None
+    amp: str | None = None          # "bf16" | "fp16"
+    channels_last: bool = False
+    threads: int | None = None
+    node_budget_ms: float = 30.0
+    e2e_budget_ms: float = 1000.0
+    progress: bool = True
+
+
+_AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class _TimingInterpreter(torch.fx.Interpreter):
+    """Runs the graph once on real inputs and times every node on its own inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, clock, budget_ms: float, advance=None):
+        super().__init__(gm, garbage_collect_values=False)
+        self.clock, self.budget_ms, self.advance = clock, budget_ms, advance
+        self.times: dict[str, TimingStats] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if n.op in ("call_function", "call_method", "call_module") and _has_tensor(result):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            # in-place ops would keep changing the inputs later nodes read: time them on copies
+            args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _clone_unless_param, (args, kwargs))
+            call = getattr(self, n.op)
+            self.times[n.name] = time_fn(lambda: call(n.target, args, kwargs), self.clock,
+                                         warmup=2, min_repeats=5, budget_ms=self.budget_ms)
+        if self.advance is not None:
+            self.advance()
+        return result
+
+
+def _clone_unless_param(t: torch.Tensor) -> torch.Tensor:
+    return t if isinstance(t, torch.nn.Parameter) else t.clone()
+
+
+def _has_tensor(value) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(value))
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool, label: str):
+    """A rich progress bar on stderr (shown when stderr is a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
+
+
+def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict,
+                   dtype: torch.dtype | None, options: MeasureOptions) -> Report:
+    """The report with measured latency per node, per module and end to end.
+
+    Raises:
+        DeviceError: no such device, out of memory, or a device-side error.
+    """
+    device = resolve_device(options.device)
+    amp = None
+    if options.amp:
+        if options.amp not in _AMP:
+            raise ArchscanError(f"unknown --amp {options.amp!r}", hint="use bf16 or fp16")
+        amp = _AMP[options.amp]
+    if device.type == "cpu" and options.threads:
+        torch.set_num_threads(options.threads)
+    need = report.totals.param_bytes
+    avail = _available_bytes(device)
+    if avail is not None and need > 0.9 * avail:
+        raise DeviceError(f"measuring needs the real weights ({need / 2**30:.1f} GiB) but {device} has "
+                          f"{avail / 2**30:.1f} GiB free", hint="measure a smaller variant or on a larger device")
+    try:
+        return _measure(report, target, specs, kwargs, dtype, options, device, amp)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise DeviceError(f"out of memory on {device} while measuring", hint="use a smaller --input batch") from exc
+    except RuntimeError as exc:
+        text = str(exc)
+        if "out of memory" in text or "can't allocate memory" in text:
+            raise DeviceError(f"out of memory on {device} while measuring", hint="use a smaller --input batch") from exc
+        if "CUDA error" in text or "device-side" in text:
+            raise DeviceError(f"device-side error on {device}: {text.splitlines()[0]}") from exc
+        raise
+
+
+def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Report:
+    model = build_real(target, kwargs, dtype).to(device)
+    inputs = [x.to(device) for x in make_inputs(specs, dtype)]
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    clock = clock_for(device)
+    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+    gm = None
+    if report.capture == "fx":
+        gm = trace_fx(model)
+    elif report.capture == "export":
+        gm = trace_export(model, inputs)
+    with torch.inference_mode(), autocast:
+        e2e = time_fn(lambda: model(*inputs), clock, warmup=5, min_repeats=10, budget_ms=options.e2e_budget_ms)
+        times: dict[str, TimingStats] = {}
+        if gm is not None:
+            n_nodes = len(gm.graph.nodes)
+            with _progress(n_nodes, options.progress, f"timing {n_nodes} nodes on {device}") as advance:
+                interp = _TimingInterpreter(gm, clock, options.node_budget_ms, advance)
+                interp.run(*inputs)
+            times = interp.times
+    nodes = tuple(dataclasses.replace(n, latency_ms=times[n.name].median_ms if n.name in times else None,
+                                      attrs={**n.attrs, "latency_spread": round(times[n.name].spread, 4)}
+                                      if n.name in times else n.attrs)
+                  for n in report.nodes)
+    modules = _module_latency(report, nodes)
+    per_layer = sum(n.latency_ms for n in nodes if n.latency_ms is not None)
+    batch = specs[0].shape[0] if specs and specs[0].shape else 1
+    latency = {
+        "device": str(device), "device_name": device_name(device),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "amp": options.amp, "channels_last": options.channels_last,
+        "cudnn_benchmark": device.type == "cuda", "inference_mode": True,
+        "end_to_end_ms": e2e.median_ms, "end_to_end": e2e.to_json(),
+        "throughput_per_s": batch / (e2e.median_ms / 1e3) if e2e.median_ms else None,
+        "per_layer_sum_ms": per_layer if times else None,
+        "timed_nodes": len(times),
+    }
+    if times:
+        gap = e2e.median_ms - per_layer
+        latency["gap_ms"] = gap
+        latency["gap_fraction"] = gap / e2e.median_ms if e2e.median_ms else 0.0
+        latency["gap_explained"] = (
+            "end-to-end exceeds the per-layer sum: launch overhead and host time between layers"
+            if gap > 0 else "the per-layer sum exceeds end-to-end: isolated timing repeats per-call overhead "
+            "that back-to-back execution overlaps")
+    else:
+        latency["per_layer_note"] = "per-node timing needs an fx or export capture; this model was captured eagerly"
+    return dataclasses.replace(report, nodes=nodes, modules=modules, latency=latency)
+
+
+def _module_latency(report: Report, nodes) -> tuple:
+    sums: dict[str, float] = {}
+    for n in nodes:
+        if n.latency_ms is None:
+            continue
+        parts = n.module.split(".") if n.module else []
+        for path in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            sums[path] = sums.get(path, 0.0) + n.latency_ms
+    return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)

@@ -1,0 +1,189 @@
+"""Measurement, calibration and prediction on the CPU: harness logic with a fake clock, structure of a
+real run, exact prediction arithmetic. Speed itself is measured in benchmarks/, never asserted here."""
+
+import json
+
+import pytest
+import torch
+
+import archscan
+from archscan.errors import ArchscanError, DeviceError
+from archscan.measure import (DeviceProfile, MeasureOptions, apply_predictions, calibrate, load_profile,
+                              predict_node, save_profile, summarize, time_fn)
+from archscan.measure.predict import fidelity, kernels, spearman
+from archscan.results import NodeReport
+
+
+class FakeClock:
+    """Each timed call takes the next scripted duration (ms)."""
+
+    def __init__(self, durations):
+        self.durations = list(durations)
+        self.calls = 0
+        self.syncs = 0
+
+    def start(self):
+        return None
+
+    def stop(self, token):
+        self.calls += 1
+        return self.durations.pop(0)
+
+    def sync(self):
+        self.syncs += 1
+
+
+def test_time_fn_warms_up_then_repeats_within_budget():
+    calls = []
+    clock = FakeClock([10.0] * 100)
+    stats = time_fn(lambda: calls.append(1), clock, warmup=3, min_repeats=5, budget_ms=35.0)
+    # 3 warm-up calls (untimed), then timed calls until 5 repeats; 5 * 10 ms exceeds the 35 ms budget
+    assert len(calls) == 3 + 5 and clock.calls == 5 and clock.syncs == 1
+    assert stats.median_ms == 10.0 and stats.repeats == 5
+
+
+def test_time_fn_keeps_going_while_under_budget():
+    clock = FakeClock([1.0] * 1000)
+    stats = time_fn(lambda: None, clock, warmup=0, min_repeats=5, max_repeats=200, budget_ms=30.0)
+    assert stats.repeats == 30  # 30 calls of 1 ms fill the 30 ms budget
+
+
+def test_time_fn_respects_max_repeats():
+    clock = FakeClock([0.001] * 1000)
+    assert time_fn(lambda: None, clock, warmup=0, min_repeats=5, max_repeats=50, budget_ms=1e9).repeats == 50
+
+
+def test_summarize_median_and_quartiles():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median_ms, s.p25_ms, s.p75_ms, s.min_ms, s.repeats) == (3.0, 2.0, 4.0, 1.0, 5)
+    assert s.spread == pytest.approx((4.0 - 2.0) / 3.0)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their average rank: ranks a = 1, 2.5, 2.5, 4; b = 1, 2, 3, 4
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, abs=1e-6)
+
+
+PROFILE = DeviceProfile(device="cpu", name="Test CPU", threads=2, peak_flops={"float32": 1e9, "bfloat16": 2e9},
+                        bandwidth=1e9, launch_overhead_ms=0.01, created="2026-11-22T00:00:00+00:00",
+                        torch_version="x", class_flops={"depthwise_conv": 1e8}, class_bandwidth={"norm": 5e8})
+
+
+def node(**kw):
+    base = dict(name="n", op="Conv2d", module="m", module_type="Conv2d", category="conv", flops=0, elem_ops=0,
+                mac_bytes=0, read_bytes=0, write_bytes=0, weight_bytes=0, params=0, out_shape=(1,), dtype="float32",
+                aten_ops=("aten.convolution.default",))
+    base.update(kw)
+    return NodeReport(**base)
+
+
+def test_prediction_formula_exact():
+    # compute 2e6 / 1e9 = 2 ms, memory 1e6 / 1e9 = 1 ms, one kernel 0.01 ms -> 2.01 ms, compute-bound
+    assert predict_node(node(flops=2_000_000, mac_bytes=1_000_000), PROFILE) == (pytest.approx(2.01), "compute")
+    # memory-bound norm: 1e6 bytes at the norm class's 5e8 B/s = 2 ms; two ops but aten.empty launches nothing
+    bn = node(category="norm", mac_bytes=1_000_000, aten_ops=("aten.empty.memory_format", "aten.native_batch_norm.default"))
+    assert kernels(bn) == 1
+    assert predict_node(bn, PROFILE) == (pytest.approx(2.01), "memory")
+    # depthwise conv uses its class rate: 1e6 / 1e8 = 10 ms
+    assert predict_node(node(category="depthwise_conv", flops=1_000_000), PROFILE)[0] == pytest.approx(10.01)
+    # bf16 scales the class rate by the matmul peaks (2x) and falls back to the dtype peak otherwise
+    assert predict_node(node(flops=2_000_000, dtype="bfloat16"), PROFILE)[0] == pytest.approx(1.01)
+    # a tiny op is overhead-bound
+    assert predict_node(node(category="activation", mac_bytes=8, aten_ops=("aten.relu.default",)), PROFILE)[1] == "overhead"
+
+
+def test_profile_round_trip(tmp_path):
+    path = save_profile(PROFILE, tmp_path / "p.json")
+    assert DeviceProfile.from_json(json.loads(path.read_text())) == PROFILE
+    assert load_profile(torch.device("cpu"), path=path) == PROFILE
+
+
+def test_quick_calibration_on_cpu_is_cached():
+    profile = calibrate("cpu", quick=True)
+    assert profile.peak_flops["float32"] > 0 and profile.bandwidth > 0 and profile.launch_overhead_ms > 0
+    assert set(profile.class_flops) == {"conv", "grouped_conv", "depthwise_conv"}
+    save_profile(profile)
+    assert load_profile(torch.device("cpu")) == profile  # found again under the cache directory
+
+
+def test_real_cpu_run_times_every_node(toy):
+    r = archscan.scan(f"{toy}:Net", [(2, 3, 16, 16)], measure=MeasureOptions(device="cpu", node_budget_ms=2,
+                                                                             e2e_budget_ms=5, progress=False))
+    lat = r.latency
+    assert lat["device"] == "cpu" and lat["threads"] == torch.get_num_threads()
+    assert lat["end_to_end_ms"] > 0 and lat["throughput_per_s"] == pytest.approx(2 / (lat["end_to_end_ms"] / 1e3))
+    assert all(n.latency_ms is not None and n.latency_ms > 0 for n in r.nodes)
+    assert lat["timed_nodes"] == len(r.nodes)
+    assert lat["per_layer_sum_ms"] == pytest.approx(sum(n.latency_ms for n in r.nodes))
+    assert lat["gap_ms"] == pytest.approx(lat["end_to_end_ms"] - lat["per_layer_sum_ms"])
+    assert r.module("").latency_ms == pytest.approx(lat["per_layer_sum_ms"])
+    assert r.module("conv").latency_ms == pytest.approx(r.node("conv").latency_ms)
+
+
+def test_predictions_with_a_profile(toy):
+    r = archscan.scan(f"{toy}:Net", [(2, 3, 16, 16)], profile=PROFILE)
+    assert all(n.predicted_ms is not None for n in r.nodes)
+    assert r.latency["predicted_ms"] == pytest.approx(sum(n.predicted_ms for n in r.nodes))
+    assert {n.attrs["bound"] for n in r.nodes} <= {"compute", "memory", "overhead", "none"}
+    measured = archscan.scan(f"{toy}:Net", [(2, 3, 16, 16)], profile=PROFILE,
+                             measure=MeasureOptions(device="cpu", node_budget_ms=2, e2e_budget_ms=5, progress=False))
+    fit = fidelity(measured)
+    assert fit["nodes"] == len([n for n in measured.nodes if n.category != "view"])
+    assert -1 <= fit["spearman"] <= 1
+    assert measured.latency["prediction_error"] == pytest.approx(
+        measured.latency["predicted_ms"] / measured.latency["end_to_end_ms"] - 1)
+
+
+def test_measure_options_are_checked(toy):
+    with pytest.raises(ArchscanError, match="--amp"):
+        archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="cpu", amp="fp8"))
+    with pytest.raises(DeviceError, match="unknown device"):
+        archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="tpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_missing_gpu_is_one_clear_error_and_static_report_prints(capsys, toy):
+    from archscan.cli import main
+
+    code = main([f"{toy}:Net", "--input", "1,3,8,8", "--measure", "--device", "cuda"])
+    out, err = capsys.readouterr()
+    assert code == 4 and "CUDA is not available" in err and "Traceback" not in err
+    assert "FLOPs" in out  # the static report
+
+
+def test_out_of_memory_becomes_a_device_error(toy, monkeypatch):
+    from archscan.measure import run
+
+    def boom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    monkeypatch.setattr(run, "_measure", boom)
+    with pytest.raises(DeviceError, match="out of memory"):
+        archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="cpu"))
+
+
+def test_too_big_to_measure_is_refused_before_allocating():
+    with pytest.raises(DeviceError, match="real weights"):
+        archscan.scan("zoo:llama3_70b", ["1,8:int64"], measure=MeasureOptions(device="cpu"))
+
+
+def test_guidelines_structure_on_cpu():
+    from archscan.measure.guidelines import run_guidelines
+    from archscan.zoo.probes import TABLES
+
+    where, (table,) = run_guidelines("cpu", tables=("G4",), blocks=2, budget_ms=5)
+    assert where.startswith("cpu")
+    assert [r.name for r in table.rows] == list(TABLES["G4"])
+    assert all(r.throughput > 0 and r.paper_gpu > 0 and r.paper_cpu > 0 for r in table.rows)
+    assert -1 <= table.spearman_cpu <= 1 and isinstance(table.ordering_holds, bool)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_measurement(toy):
+    r = archscan.scan(f"{toy}:Net", [(8, 3, 32, 32)], measure=MeasureOptions(device="cuda", progress=False))
+    assert r.latency["device"].startswith("cuda") and r.latency["cudnn_benchmark"]
+    assert all(n.latency_ms > 0 for n in r.nodes)
