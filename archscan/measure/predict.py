@@ -38,11 +38,24 @@ def predict_node(node: NodeReport, profile: DeviceProfile) -> tuple[float, str]:
     return max(compute, memory) + overhead, bound
 
 
+_AUTOCAST_CATEGORIES = ("conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "attention")
+_AMP_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+def _as_run(n: NodeReport, amp: str | None) -> NodeReport:
+    """The node as autocast runs it: matmul-class ops in the low-precision dtype, half the bytes."""
+    if amp not in _AMP_DTYPES or n.category not in _AUTOCAST_CATEGORIES or n.dtype != "float32":
+        return n
+    return dataclasses.replace(n, dtype=_AMP_DTYPES[amp], mac_bytes=n.mac_bytes // 2)
+
+
 def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
-    """The report with ``predicted_ms`` and ``bound`` on every node and the predicted total."""
+    """The report with ``predicted_ms`` and ``bound`` on every node and the predicted total
+    (under ``--amp``, conv/linear/matmul/attention nodes are predicted in the autocast dtype)."""
+    amp = (report.latency or {}).get("amp")
     nodes = []
     for n in report.nodes:
-        ms, bound = predict_node(n, profile)
+        ms, bound = predict_node(_as_run(n, amp), profile)
         nodes.append(dataclasses.replace(n, predicted_ms=ms, attrs={**n.attrs, "bound": bound}))
     latency = dict(report.latency or {})
     latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
