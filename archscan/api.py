@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -16,6 +15,9 @@ from .costs import CATEGORIES
 from .errors import ArchscanError
 from .loading import InputSpec, ModelTarget, dtype_name, parse_input_spec, resolve_target
 from .results import ModuleReport, NodeReport, Report, Totals
+
+if TYPE_CHECKING:
+    from .measure import DeviceProfile, MeasureOptions
 
 InputLike = InputSpec | str | Sequence[int] | torch.Tensor
 
@@ -38,18 +40,10 @@ def _to_target(model: Any, name: str | None) -> ModelTarget:
     if isinstance(model, str):
         return resolve_target(model)
     if isinstance(model, nn.Module):
-        return ModelTarget(name or type(model).__name__, None, instance=_FrozenInstance.wrap(model))
+        return ModelTarget(name or type(model).__name__, None, instance=model)  # copied before faking
     if callable(model):
         return ModelTarget(name or getattr(model, "__name__", "model"), model)
     raise ArchscanError(f"cannot analyse a {type(model).__name__}", hint="give an nn.Module, a class, a factory or 'file.py:Name'")
-
-
-class _FrozenInstance:
-    """Marker namespace: instances are deep-copied before their tensors are faked."""
-
-    @staticmethod
-    def wrap(model: nn.Module) -> nn.Module:
-        return model
 
 
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,

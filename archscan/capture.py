@@ -21,7 +21,6 @@ import contextlib
 import copy
 import io
 import logging
-import operator
 import os
 import sys
 import warnings

@@ -8,7 +8,7 @@ import torch
 
 import archscan
 from archscan.errors import ArchscanError, DeviceError
-from archscan.measure import (DeviceProfile, MeasureOptions, apply_predictions, calibrate, load_profile,
+from archscan.measure import (DeviceProfile, MeasureOptions, calibrate, load_profile,
                               predict_node, save_profile, summarize, time_fn)
 from archscan.measure.predict import fidelity, kernels, spearman
 from archscan.results import NodeReport

@@ -2,7 +2,6 @@
 the guideline probes are ranked and flagged the way the ShuffleNetV2 paper measured them."""
 
 import pytest
-import torch
 import torch.nn as nn
 
 import archscan

@@ -21,25 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ._layers import ChannelShuffle, init_cnn_weights
 from ._registry import register_model
-
-
-class ChannelShuffle(nn.Module):
-    """Interleave channels across `groups`: (N, g*c, H, W) -> view (N, g, c) -> (N, c, g)."""
-
-    def __init__(self, groups: int) -> None:
-        """Args:
-        groups: number of channel groups to interleave.
-        """
-        super().__init__()
-        self.groups = groups
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (N, C, H, W) -> (N, g, C/g, H, W) -> (N, C/g, g, H, W) -> (N, C, H, W)
-        return x.unflatten(1, (self.groups, -1)).transpose(1, 2).flatten(1, 2)
-
-    def extra_repr(self) -> str:
-        return f"groups={self.groups}"
 
 
 class ShuffleV1Block(nn.Module):
@@ -125,14 +108,7 @@ class ShuffleNetV1(nn.Module):
         self.globalpool = nn.AdaptiveAvgPool2d((1, 1))
         self.classifier = nn.Sequential(nn.Linear(input_channel, num_classes, bias=False))
 
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
+        init_cnn_weights(self, linear_std=0.01)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.first_conv(x))

@@ -17,25 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ._layers import ChannelShuffle
 from ._registry import register_model
-
-
-class ChannelShuffle(nn.Module):
-    """Interleave channels across `groups`: (N, g*c, H, W) -> view (N, g, c) -> (N, c, g)."""
-
-    def __init__(self, groups: int) -> None:
-        """Args:
-        groups: number of channel groups to interleave.
-        """
-        super().__init__()
-        self.groups = groups
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (N, C, H, W) -> (N, g, C/g, H, W) -> (N, C/g, g, H, W) -> (N, C, H, W)
-        return x.unflatten(1, (self.groups, -1)).transpose(1, 2).flatten(1, 2)
-
-    def extra_repr(self) -> str:
-        return f"groups={self.groups}"
 
 
 class InvertedResidual(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..results import Finding, NodeReport
-from .context import RuleContext, dtype_size
+from .context import RuleContext
 
 _SHOW = 10  # examples listed in a finding's evidence
 
