@@ -79,20 +79,20 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.namespace in ("aten", "prims") or self.on_op is not None:
-            if func.namespace == "prim":
-                return out
-            cost = cost_op(func, args, kwargs, out, self.weight_keys)
-            if self.current is not None:
-                self.current.ops.append(cost)
-                if cost.weight_bytes:
-                    for t in tensors_in((args, kwargs)):
-                        k = storage_key(t)
-                        if k in self.param_keys:
-                            self.current.param_keys.add(k)
-            if self.on_op is not None:
-                self.on_op(func, args, kwargs, out, cost)
+        if func.namespace == "prim":  # prim.device and friends: metadata queries, no work
+            return out
+        cost = cost_op(func, args, kwargs, out, self.weight_keys)
+        if self.current is not None:
+            self.current.ops.append(cost)
+            if cost.weight_bytes:
+                self.current.param_keys |= self.params_read(args, kwargs)
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs, out, cost)
         return out
+
+    def params_read(self, args, kwargs) -> set:
+        """Storage keys of the model parameters among an op's arguments."""
+        return {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
 
 
 def _first_tensor(value) -> torch.Tensor | None:
@@ -445,10 +445,7 @@ class _EagerGraphBuilder:
             stack[path or "L__self__"] = (path, type(m).__name__)
         node.meta["nn_module_stack"] = stack
         node.meta["stack_trace"] = _python_stack()
-        costs = NodeCosts(ops=[cost])
-        for t in tensors_in((args, kwargs)):
-            if storage_key(t) in self.recorder.param_keys:
-                costs.param_keys.add(storage_key(t))
+        costs = NodeCosts(ops=[cost], param_keys=self.recorder.params_read(args, kwargs) if cost.weight_bytes else set())
         t = _first_tensor(out)
         if t is not None:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
