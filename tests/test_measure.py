@@ -131,6 +131,8 @@ def test_predictions_with_a_profile(toy):
     assert {n.attrs["bound"] for n in r.nodes} <= {"compute", "memory", "overhead", "none"}
     measured = archscan.scan(f"{toy}:Net", [(2, 3, 16, 16)], profile=PROFILE,
                              measure=MeasureOptions(device="cpu", node_budget_ms=2, e2e_budget_ms=5, progress=False))
+    for n in measured.nodes:
+        assert n.attrs["achieved"] == pytest.approx(n.predicted_ms / n.latency_ms)
     fit = fidelity(measured)
     assert fit["nodes"] == len([n for n in measured.nodes if n.category != "view"])
     assert -1 <= fit["spearman"] <= 1

@@ -56,7 +56,10 @@ def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     nodes = []
     for n in report.nodes:
         ms, bound = predict_node(_as_run(n, amp), profile)
-        nodes.append(dataclasses.replace(n, predicted_ms=ms, attrs={**n.attrs, "bound": bound}))
+        attrs = {**n.attrs, "bound": bound}
+        if n.latency_ms:
+            attrs["achieved"] = ms / n.latency_ms  # fraction of the roofline this node reaches
+        nodes.append(dataclasses.replace(n, predicted_ms=ms, attrs=attrs))
     latency = dict(report.latency or {})
     latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
     latency["profile"] = {"device": profile.device, "name": profile.name, "threads": profile.threads,

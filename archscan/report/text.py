@@ -64,11 +64,12 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
         nodes = nodes[:limit]
     rows = [[n.name, n.op, n.module or "-", n.category, fmt_count(n.params), fmt_count(n.flops), fmt_bytes(n.mac_bytes),
              fmt_count(n.elem_ops), f"{n.intensity:.1f}", _shape(n.out_shape)]
-            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms), n.attrs.get("bound", "-")] if report.latency else [])
+            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms), n.attrs.get("bound", "-"),
+                f"{100 * n.attrs['achieved']:.0f}%" if "achieved" in n.attrs else "-"] if report.latency else [])
             for n in nodes]
     headers = ["node", "op", "module", "category", "params", "FLOPs", "MAC", "elem ops", "FLOPs/B", "out shape"]
     if report.latency:
-        headers += ["ms", "pred ms", "bound"]
+        headers += ["ms", "pred ms", "bound", "% roof"]
     return tabulate(rows, headers=headers, disable_numparse=True,
                     colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
 
