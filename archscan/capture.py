@@ -32,6 +32,7 @@ import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils import _pytree as pytree
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import OpCost, cost_op, storage_key, tensors_in
@@ -236,6 +237,25 @@ def _fakeify(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     return model
 
 
+_INIT_METHODS = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_,
+                 torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.bernoulli_, torch.Tensor.copy_,
+                 torch.Tensor.clamp_, torch.Tensor.erfinv_, torch.Tensor.mul_, torch.Tensor.add_, torch.Tensor.div_}
+
+
+class _SkipInit(TorchFunctionMode):
+    """Turns in-place writes into no-ops while a model is built on the meta device.
+
+    Meta tensors hold no values, so initialisers (``normal_``, ``uniform_``, ``fill_``...) have
+    nothing to do; on meta they still run shape-checking Python reference code, which costs more
+    than the rest of building a small network.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _INIT_METHODS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
 def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
     """Construct the model without allocating weights (fake tensors)."""
     if target.instance is not None:
@@ -243,7 +263,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     try:
         # Built on the meta device (initialisers are no-ops there), then each tensor is wrapped
         # as a fake CPU tensor so kernels are chosen as on a CPU (fused attention paths).
-        with torch.device("meta"), _quiet():
+        with torch.device("meta"), _SkipInit(), _quiet():
             model = target.build(kwargs)
         return _prepare(_meta_to_fake(model, fake_mode), dtype, fake_mode)
     except ArchscanError:
