@@ -394,6 +394,8 @@ class _NodeFailure(Exception):
         self.node, self.shapes, self.exc = node, shapes, exc
 
     def describe(self) -> str:
+        if self.node.op == "placeholder":
+            return f"input {self.node.name!r} could not be bound: {str(self.exc).strip().splitlines()[0]}"
         stack = module_stack(self.node)
         where = f"layer {stack[-1][0]!r} ({stack[-1][1]})" if stack and stack[-1][0] else f"node {self.node.name!r}"
         if self.node.op == "call_module":
@@ -543,6 +545,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     if method in ("auto", "fx", "export"):
         model = build_fake(target, kwargs, dtype, fake_mode)
+        _check_arity(model, specs)
         names, numel, weight_keys = _weight_maps(model)
         inputs = make_inputs(specs, dtype, fake_mode)
         for kind in ("fx", "export"):
@@ -564,7 +567,10 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
                     failures.setdefault("export", "skipped: the model needs tensor values")
                     break
                 if _model_rejects(model, inputs, fake_mode):
-                    raise ArchscanError(failure.describe(), hint=f"inputs were {_shape_str(inputs)}") from failure.exc
+                    hint = f"inputs were {_shape_str(inputs)}"
+                    if "Long, Int" in str(failure.exc):
+                        hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
+                    raise ArchscanError(failure.describe(), hint=hint) from failure.exc
                 failures[kind] = f"graph did not run: {_short(failure.exc)}"
                 continue
             if failures:
@@ -572,6 +578,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             return Captured(gm, kind, model, notes, names, numel, failures, _was_training(target))
     # eager: a real run on a random input
     model = build_real(target, kwargs, dtype)
+    _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
     inputs = make_inputs(specs, dtype)
     gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
@@ -595,6 +602,27 @@ def _data_dependent(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
+    """One clear message when the number of --input does not fit forward's signature."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())  # bound: no self
+    except (TypeError, ValueError):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+    if not required <= len(specs) <= most:
+        want = (f"{required}" if required == most else f"at least {required}" if most == float("inf")
+                else f"{required} to {most}")
+        raise ArchscanError(
+            f"{type(model).__name__}.forward takes {want} input(s) ({', '.join(p.name for p in positional)}) "
+            f"but {len(specs)} --input {'was' if len(specs) == 1 else 'were'} given",
+            hint="pass one --input per tensor argument, in order",
+        )
 
 
 def _model_rejects(model: nn.Module, inputs, fake_mode) -> bool:

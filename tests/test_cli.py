@@ -229,3 +229,18 @@ def test_guidelines_bad_options(capsys):
     assert_one_line_error(code, err, "--scale 3")
     code, _, err = run(capsys, "guidelines", "--tables", "G5")
     assert_one_line_error(code, err, "G5")
+
+
+@pytest.mark.parametrize("target,inputs,needle", [
+    ("TwoInputs", ["2,16"], "TwoInputs.forward takes 2 input(s) (x, y) but 1 --input was given"),
+    ("make_net", ["1,3,8,8", "1,3"], "Net.forward takes 1 input(s) (x) but 2 --input were given"),
+])
+def test_wrong_number_of_inputs(capsys, toy, target, inputs, needle):
+    args = [f"{toy}:{target}"] + [a for spec in inputs for a in ("--input", spec)]
+    code, _, err = run(capsys, *args)
+    assert_one_line_error(code, err, needle)
+
+
+def test_float_token_ids_get_a_hint(capsys, toy):
+    code, _, err = run(capsys, f"{toy}:Tokens", "--input", "1,12")
+    assert_one_line_error(code, err, "'emb'", "--input 1,128:int64")
