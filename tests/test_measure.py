@@ -202,3 +202,33 @@ def test_autocast_predicts_matmul_class_nodes_in_low_precision():
     assert _as_run(relu, "bf16") is relu  # autocast leaves element-wise ops alone
     # bf16 peak is 2e9: 2e6 / 2e9 = 1 ms + 0.01 ms launch
     assert predict_node(_as_run(conv, "bf16"), PROFILE)[0] == pytest.approx(1.01)
+
+
+def test_cuda_clock_brackets_with_events_and_synchronizes(monkeypatch):
+    """The CUDA clock's logic, with torch.cuda.Event replaced (runs without a GPU)."""
+    from archscan.measure import CudaClock
+
+    log = []
+
+    class FakeEvent:
+        count = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            FakeEvent.count += 1
+            self.t = FakeEvent.count * 1.5
+
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            log.append("sync")
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    clock = CudaClock(torch.device("cuda"))
+    token = clock.start()
+    assert clock.stop(token) == pytest.approx(1.5)
+    assert log == ["record", "record", "sync"]  # start event, end event, wait for the end event
