@@ -147,3 +147,11 @@ def test_value_dependent_ops_fall_back_to_eager(toy, name, sync_op):
     syncs = [n for n in r.nodes if n.category == "host_sync"]
     assert [n.op for n in syncs] == [sync_op]
     assert r.totals.flops == 4 * 8 * 8
+
+
+@pytest.mark.parametrize("name,spec", [("vit_tiny", "1,3,224,224"), ("shufflenet_v2_x0_5", "1,3,224,224"),
+                                       ("llama_tiny", "1,32:int64")])
+def test_all_captures_agree_on_zoo_models(name, spec):
+    """fx (fake), export (fake) and eager (a real CPU run, fused attention paths) count the same."""
+    totals = {m: archscan.scan(f"zoo:{name}", [spec], capture_method=m, rules=[]).totals for m in ("fx", "export", "eager")}
+    assert len({(t.flops, t.params, t.mac_bytes, t.unused_params) for t in totals.values()}) == 1, totals

@@ -202,6 +202,8 @@ _categorize("factory", *[p for p in (
     aten.bernoulli, aten.bernoulli_, aten.linspace, aten.eye, aten.tensor, aten.lift_fresh) if p is not None])
 # Not views by schema, but they only reinterpret metadata: no bytes move.
 _FREE = {p for p in (aten._unsafe_view, aten.lift_fresh, aten.detach_, aten.resize_, aten.set_,
+                     _opt("_assert_tensor_metadata"), _opt("_assert_async"), _opt("_assert_scalar"),
+                     _opt("sym_constrain_range"), _opt("sym_constrain_range_for_size"), _opt("_functional_assert_async"),
                      aten._reshape_alias, aten.sym_size, aten.sym_stride, aten.sym_numel,
                      aten.sym_storage_offset, aten.dim, aten.is_contiguous, aten.size, aten.stride)
          if p is not None}
