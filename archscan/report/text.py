@@ -150,15 +150,22 @@ def findings_table(report: Report, limit: int = 20) -> str:
     """Findings, most severe and largest saving first: rule, where, evidence, saving, fix."""
     if not report.findings:
         return "findings   none"
+    # Identical findings on several layers (say, every depthwise conv) read as one row; JSON keeps each.
+    groups: dict[tuple, list] = {}
+    for f in report.findings:
+        groups.setdefault((f.rule, f.severity, f.message, f.fix), []).append(f)
     rows = []
-    for f in report.findings[:limit]:
-        where = f.module or "(model)"
-        if f.source:
-            where += f"\n{f.source}"
-        rows.append([f.severity, f.rule, where, f.message, fmt_saving(f.saving), f.fix])
+    for (rule, severity, message, fix), same in list(groups.items())[:limit]:
+        first = same[0]
+        where = (first.module or "(model)") + (f" (+{len(same) - 1} like it)" if len(same) > 1 else "")
+        if first.source:
+            where += f"\n{first.source}"
+        saving = {k: sum(f.saving.get(k, 0) for f in same) if all(isinstance(f.saving.get(k), (int, float)) for f in same)
+                  else v for k, v in first.saving.items()}
+        rows.append([severity, rule, where, message, fmt_saving(saving), fix])
     table = tabulate(rows, headers=["severity", "rule", "where", "finding", "saving", "fix"],
                      maxcolwidths=[None, None, 30, 50, 16, 50], disable_numparse=True)
-    more = len(report.findings) - limit
+    more = len(groups) - limit
     counts = {}
     for f in report.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1

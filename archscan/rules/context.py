@@ -30,3 +30,8 @@ class RuleContext:
     def __post_init__(self):
         self.graph = to_networkx(self.report)
         self.blocks = find_blocks(self.report, self.graph)
+        self._block_of = {name: b.name for b in self.blocks for name in b.nodes}
+
+    def block_of(self, node: str) -> str | None:
+        """The building block a node belongs to, if any."""
+        return self._block_of.get(node)

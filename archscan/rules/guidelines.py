@@ -83,7 +83,8 @@ def check_g1(ctx: RuleContext) -> list[Finding]:
         findings.append(Finding(
             rule="G1", severity="warning" if ratio >= 1.25 else "info", module=n.module or n.name,
             message=f"{c1}->{c2} channels ({_balance(c1, c2)}): MAC is {ratio:.2f}x the least at these FLOPs",
-            evidence={"node": n.name, "in_channels": c1, "out_channels": c2, "mac_elements": round(mac),
+            evidence={"node": n.name, "block": ctx.block_of(n.name), "in_channels": c1, "out_channels": c2,
+                      "mac_elements": round(mac),
                       "lower_bound_elements": round(bound), "ratio": round(ratio, 3)},
             saving={"mac_bytes": round(excess), "share_of_model_mac": round(excess / total_mac, 4)},
             fix="balance input and output channels (G1); e.g. a narrower expansion or a wider input",
@@ -111,7 +112,8 @@ def check_g2(ctx: RuleContext) -> list[Finding]:
             rule="G2", severity="info" if depthwise or ratio < 1.25 else "warning", module=n.module or n.name,
             message=(f"{'depthwise' if depthwise else f'{g}-group'} conv: MAC is {ratio:.2f}x that of a "
                      f"dense conv with the same FLOPs"),
-            evidence={"node": n.name, "groups": g, "in_channels": terms[2], "out_channels": terms[3],
+            evidence={"node": n.name, "block": ctx.block_of(n.name), "groups": g, "in_channels": terms[2],
+                      "out_channels": terms[3],
                       "mac_elements": round(mac), "dense_equal_flops_elements": round(ref), "ratio": round(ratio, 3)},
             saving={"mac_bytes": round(extra), "share_of_model_mac": round(extra / total_mac, 4)},
             fix=("fewer groups (G2): use a group count the target platform handles well, e.g. dense 1x1 "
