@@ -207,8 +207,16 @@ def calibrate(device: str | torch.device | None = None, threads: int | None = No
         progress: optional callable(str) told what is being measured.
     """
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    previous_threads = torch.get_num_threads()
     if dev.type == "cpu" and threads:
         torch.set_num_threads(threads)
+    try:
+        return _calibrate(dev, quick, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _calibrate(dev: torch.device, quick: bool, progress) -> DeviceProfile:
     clock = clock_for(dev)
     say = progress or (lambda _msg: None)
     budget = 20.0 if quick else 200.0

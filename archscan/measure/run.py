@@ -115,14 +115,15 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
         if options.amp not in _AMP:
             raise ArchscanError(f"unknown --amp {options.amp!r}", hint="use bf16 or fp16")
         amp = _AMP[options.amp]
-    if device.type == "cpu" and options.threads:
-        torch.set_num_threads(options.threads)
     need = report.totals.param_bytes
     avail = _available_bytes(device)
     if avail is not None and need > 0.9 * avail:
         raise DeviceError(f"measuring needs the real weights ({need / 2**30:.1f} GiB) but {device} has "
                           f"{avail / 2**30:.1f} GiB free", hint="measure a smaller variant or on a larger device")
+    previous_threads = torch.get_num_threads()
     try:
+        if device.type == "cpu" and options.threads:
+            torch.set_num_threads(options.threads)
         return _measure(report, target, specs, kwargs, dtype, options, device, amp)
     except torch.cuda.OutOfMemoryError as exc:
         raise DeviceError(f"out of memory on {device} while measuring", hint="use a smaller --input batch") from exc
@@ -133,6 +134,8 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
         if "CUDA error" in text or "device-side" in text:
             raise DeviceError(f"device-side error on {device}: {text.splitlines()[0]}") from exc
         raise
+    finally:
+        torch.set_num_threads(previous_threads)
 
 
 def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Report:
