@@ -46,13 +46,13 @@ def module_table(report: Report, depth: int = 2) -> str:
             continue
         name = "  " * m.depth + (m.path.rsplit(".", 1)[-1] if m.path else report.model)
         rows.append([
-            name, m.type, fmt_count(m.params), fmt_count(m.flops), f"{100 * m.flops / total_flops:.1f}%",
+            name, m.type, m.category or "-", fmt_count(m.params), fmt_count(m.flops), f"{100 * m.flops / total_flops:.1f}%",
             fmt_bytes(m.mac_bytes), fmt_count(m.elem_ops), f"{m.intensity:.1f}", _shape(m.out_shape),
         ] + ([fmt_ms(m.latency_ms)] if report.latency and report.latency.get("end_to_end_ms") else []))
-    headers = ["module", "type", "params", "FLOPs", "share", "MAC", "elem ops", "FLOPs/B", "out shape"]
+    headers = ["module", "type", "category", "params", "FLOPs", "share", "MAC", "elem ops", "FLOPs/B", "out shape"]
     if report.latency and report.latency.get("end_to_end_ms"):
         headers.append("ms")
-    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "left") + ("right",) * (len(headers) - 2))
+    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "left", "left") + ("right",) * (len(headers) - 3))
 
 
 def node_table(report: Report, limit: int | None = None, sort: str | None = None) -> str:
