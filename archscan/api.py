@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -13,11 +13,10 @@ from torch.fx.node import _get_qualified_name
 from .capture import Captured, NodeCosts, capture, module_stack, source_of
 from .costs import CATEGORIES
 from .errors import ArchscanError
-from .loading import InputSpec, ModelTarget, dtype_name, parse_input_spec, resolve_target
+from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
+from .measure import DeviceProfile, MeasureOptions, apply_predictions, load_profile, measure_report, resolve_device
 from .results import ModuleReport, NodeReport, Report, Totals
-
-if TYPE_CHECKING:
-    from .measure import DeviceProfile, MeasureOptions
+from .rules import run_rules, select_rules
 
 InputLike = InputSpec | str | Sequence[int] | torch.Tensor
 
@@ -49,7 +48,7 @@ def _to_target(model: Any, name: str | None) -> ModelTarget:
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
          name: str | None = None, rules: Sequence[str] | None = None,
-         measure: "MeasureOptions | bool | None" = None, profile: "DeviceProfile | bool | None" = None) -> Report:
+         measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -69,8 +68,6 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
     """
-    from .loading import parse_dtype
-
     if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (
         isinstance(inputs, (tuple, list, torch.Size)) and inputs and all(isinstance(d, int) for d in inputs)
     ):
@@ -83,8 +80,6 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if dtype is not None and not dtype.is_floating_point:
         raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
     target = _to_target(model, name)
-    from .rules import run_rules, select_rules
-
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
@@ -94,8 +89,6 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
 
 
 def _measure_and_predict(report, target, specs, kwargs, dtype, measure, profile) -> Report:
-    from .measure import MeasureOptions, apply_predictions, load_profile, measure_report, resolve_device
-
     options = MeasureOptions() if measure is True else measure or None
     if options is not None:
         report = measure_report(report, target, specs, kwargs, dtype, options)
@@ -109,20 +102,19 @@ def _measure_and_predict(report, target, specs, kwargs, dtype, measure, profile)
 
 # --- building the report from the annotated graph ----------------------------------------------------
 
-def _op_name(node: torch.fx.Node) -> tuple[str, str]:
-    """(op name, module type) of a node, human-readable."""
+def _op_name(node: torch.fx.Node) -> str:
+    """A node's op, human-readable: 'Conv2d', 'Tensor.view', 'aten.conv2d', 'operator.add'."""
     if node.op == "call_module":
-        sub = node.graph.owning_module.get_submodule(node.target)
-        return type(sub).__name__, type(sub).__name__
+        return type(node.graph.owning_module.get_submodule(node.target)).__name__
     if node.op == "call_method":
-        return f"Tensor.{node.target}", ""
+        return f"Tensor.{node.target}"
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return str(target.overloadpacket) if target._overloadname == "default" else str(target), ""
+        return str(target.overloadpacket) if target._overloadname == "default" else str(target)
     try:
-        return _get_qualified_name(target).replace("torch.nn.functional.", "F.").replace("_operator.", "operator."), ""
+        return _get_qualified_name(target).replace("torch.nn.functional.", "F.").replace("_operator.", "operator.")
     except Exception:
-        return str(target), ""
+        return str(target)
 
 
 def _node_category(costs: NodeCosts, module_type: str = "") -> str:
@@ -191,7 +183,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         if node.op == "call_module" and (not stack or stack[-1][0] != node.target):
             sub = gm.get_submodule(node.target)
             stack = stack + [(node.target, type(sub).__name__)]
-        op, _ = _op_name(node)
+        op = _op_name(node)
         module, module_type = (stack[-1] if stack else ("", type(model).__name__))
         leaf_type = module_type if node.op == "call_module" else ""
         nodes.append(NodeReport(
