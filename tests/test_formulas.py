@@ -187,3 +187,18 @@ def test_uncounted_ops_are_listed_not_zeroed():
     r = archscan.scan(Odd(), [(4, 4)])
     assert r.uncounted, "an op without a formula must be listed"
     assert any("qr" in op for op in r.uncounted)
+
+
+def test_lstm_counts_each_weight_matrix_once_per_token():
+    # LSTM(16 -> 32) on [b=2, t=5, 16]: 10 tokens * (w_ih 128*16 + w_hh 128*32) = 10 * 6144 = 61440
+    class Lstm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(16, 32, batch_first=True)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    r = archscan.scan(Lstm(), [(2, 5, 16)], rules=[])
+    assert r.totals.flops == 61_440 and r.uncounted == {}
+    assert r.node("rnn").category == "rnn"

@@ -3,8 +3,8 @@
 Conventions (stated once, used everywhere; see README "Counting conventions"):
 
 * ``flops`` are multiply-adds (Ma et al., ShuffleNetV2, ECCV 2018, footnote 1; torchvision and
-  fvcore count the same way). They are counted for convolution, linear/matmul/bmm/einsum and
-  attention only. Where PyTorch has a formula (``torch.utils.flop_counter.flop_registry``,
+  fvcore count the same way). They are counted for convolution, linear/matmul/bmm/einsum,
+  attention and recurrent layers (each weight matrix once per token) only. Where PyTorch has a formula (``torch.utils.flop_counter.flop_registry``,
   which counts 2 per multiply-add) it is reused and halved; attention paths PyTorch does not
   count on CPU (``_scaled_dot_product_flash_attention_for_cpu``) and the fused
   ``nn.MultiheadAttention`` inference path (``_native_multi_head_attention``) have formulas here.
@@ -31,7 +31,7 @@ aten = torch.ops.aten
 
 # Categories, most specific first: a node made of several ops takes the first one it has.
 CATEGORIES = (
-    "attention", "conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "embedding",
+    "attention", "rnn", "conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "embedding",
     "norm", "pooling", "activation", "elementwise", "reduction", "host_sync", "data_movement",
     "factory", "view", "other",
 )
@@ -154,6 +154,31 @@ def encoder_layer_flops(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_we
     return attention + ffn
 
 
+def _rnn_flops(input, weights, input_size: int) -> int:
+    """Every RNN weight matrix multiplies once per token: tokens * sum of the 2-D weights' sizes."""
+    tokens = input.numel() // input_size if input_size else 0
+    return tokens * sum(w.numel() for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2)
+
+
+@register_flops(*[p for p in (_opt("mkldnn_rnn_layer"),) if p is not None])
+def mkldnn_rnn_layer_flops(input, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    """One LSTM/GRU/RNN layer on CPU (oneDNN).
+
+    # [t*b, h] from input [b, t, i]: w_ih [gates*h, i], w_hh [gates*h, h]
+    """
+    return _rnn_flops(input, (w_ih, w_hh), int(w_ih.shape[1]))
+
+
+@register_flops(*[p for p in (_opt("_cudnn_rnn"),) if p is not None])
+def cudnn_rnn_flops(input, weight, *args, out_val=None, **kwargs) -> int:
+    """A whole cuDNN RNN (all layers and directions): the first layer's w_ih gives the input size.
+
+    # input [t, b, i] or [b, t, i]; weight = [w_ih, w_hh, (b_ih, b_hh)] per layer and direction
+    """
+    return _rnn_flops(input, weight, int(input.shape[-1]))
+
+
+_categorize("rnn", *[p for p in (_opt("mkldnn_rnn_layer"), _opt("_cudnn_rnn")) if p is not None])
 _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_flash_attention_for_cpu"), _opt("_native_multi_head_attention"),
     _opt("_transformer_encoder_layer_fwd"),
