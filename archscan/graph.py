@@ -117,7 +117,8 @@ def module_units(report: Report) -> list[tuple[str, str]]:
 
 
 def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
-    """(fork, join, nodes) for every node with several users, up to where its branches meet."""
+    """(fork, join, nodes) for every node with several users: the nodes after the fork up to and
+    including the join, where its branches meet again (its immediate post-dominator)."""
     if g.number_of_nodes() == 0:
         return []
     sink = "__sink__"
@@ -133,7 +134,7 @@ def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
         join = ipdom[f]
         if join == sink:
             continue
-        between = (nx.descendants(g, f) & nx.ancestors(g, join)) | {f, join}
+        between = (nx.descendants(g, f) & nx.ancestors(g, join)) | {join}  # the fork feeds the block
         order = [n for n in nx.topological_sort(g.subgraph(between))]
         regions.append((f, join, order))
     return regions

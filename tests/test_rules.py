@@ -188,3 +188,26 @@ def test_shufflenet_v2_has_fewer_g1_g2_findings_than_v1_and_mobilenet_v2():
     assert len(v2) < len(v1) and len(v2) < len(mb2)
     excess = [sum(f.saving["mac_bytes"] for f in fs) for fs in (v2, v1, mb2)]
     assert excess[0] < excess[1] and excess[0] < excess[2]
+
+
+def test_blocks_from_fork_join_regions_when_there_are_no_module_units():
+    from archscan.graph import find_blocks
+
+    class Flat(nn.Module):
+        """Three parallel convs on one input, joined by a sum: one region, width 3."""
+
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (nn.Conv2d(8, 8, 1) for _ in range(3))
+            self.d = nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            y = self.d(x)
+            return self.a(y) + self.b(y) + self.c(y)
+
+    r = archscan.scan(Flat(), [(1, 8, 8, 8)], rules=[])
+    (block,) = find_blocks(r)
+    assert block.kind == "region" and block.name == "d..add_1"
+    assert (block.fragments, block.series, block.parallel) == (3, 1, 3)
+    (f,) = findings(Flat(), [(1, 8, 8, 8)], "G3")
+    assert f.severity == "warning" and f.evidence["parallel"] == 3
