@@ -83,9 +83,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
-    if selected:
-        report = run_rules(report, selected)
-    return _measure_and_predict(report, target, specs, kwargs or {}, dtype, measure, profile)
+    report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, measure, profile)
+    return run_rules(report, selected) if selected else report  # last: some rules read measurements
 
 
 def _measure_and_predict(report, target, specs, kwargs, dtype, measure, profile) -> Report:

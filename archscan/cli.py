@@ -44,6 +44,7 @@ def scan_cmd(
     amp: Annotated[Optional[str], typer.Option("--amp", help="measure under autocast: bf16 or fp16")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads when measuring on the CPU")] = None,
+    sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
     rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
     skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
@@ -69,7 +70,8 @@ def scan_cmd(
     from .measure import MeasureOptions
 
     selected = select_rules(_csv(rules), _csv(skip_rules))
-    options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads) if measure else None
+    options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads,
+                             sweep=sweep) if measure else None
     device_error = None
     try:
         report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model,

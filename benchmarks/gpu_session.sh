@@ -13,6 +13,6 @@ day=$(date -u +%F)
 { echo "# ShuffleNetV2 guideline benchmarks on $(python -c 'import torch; print(torch.cuda.get_device_name())')"; echo
   echo "Date $day, torch $(python -c 'import torch; print(torch.__version__)'), produced by \`archscan guidelines --device cuda\`."; echo
   echo '```text'; archscan guidelines --device cuda; echo; archscan guidelines --device cuda --scale 4; echo '```'; } > "reports/guidelines-cuda-$day.md"
-archscan zoo:resnet50 --input 8,3,224,224 --measure --device cuda --depth 1 > "reports/examples/resnet50-cuda-$day.txt"
+archscan zoo:resnet50 --input 8,3,224,224 --measure --sweep --device cuda --depth 1 > "reports/examples/resnet50-cuda-$day.txt"
 archscan zoo:resnet50 --input 8,3,224,224 --measure --device cuda --amp bf16 --channels-last --depth 1 > "reports/examples/resnet50-cuda-bf16-cl-$day.txt"
 if [ -n "${OUT:-}" ]; then cp -r reports "$OUT/"; fi

@@ -232,3 +232,13 @@ def test_cuda_clock_brackets_with_events_and_synchronizes(monkeypatch):
     token = clock.start()
     assert clock.stop(token) == pytest.approx(1.5)
     assert log == ["record", "record", "sync"]  # start event, end event, wait for the end event
+
+
+
+def test_sweep_on_cpu(toy):
+    r = archscan.scan(f"{toy}:Net", [(1, 3, 16, 16)], rules=["batch-size"],
+                      measure=MeasureOptions(device="cpu", node_budget_ms=1, e2e_budget_ms=5, progress=False, sweep=True))
+    batches = r.latency["sweep"]["batches"]
+    assert [b["batch"] for b in batches] == [1, 2, 4, 8]
+    assert all(b["per_s"] == pytest.approx(b["batch"] / (b["ms"] / 1e3)) for b in batches)
+    assert "input_copies" not in r.latency["sweep"]  # GPU only

@@ -147,7 +147,7 @@ def test_no_grad():
 
 def test_every_rule_has_a_test():
     tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "host-sync", "host-tensor", "unused-module", "inplace",
-              "low-precision", "channel-align", "channels-last", "no-grad"}
+              "low-precision", "channel-align", "channels-last", "no-grad", "batch-size", "input-transfer"}
     assert set(RULES) == tested
 
 
@@ -211,3 +211,48 @@ def test_blocks_from_fork_join_regions_when_there_are_no_module_units():
     assert (block.fragments, block.series, block.parallel) == (3, 1, 3)
     (f,) = findings(Flat(), [(1, 8, 8, 8)], "G3")
     assert f.severity == "warning" and f.evidence["parallel"] == 3
+
+
+
+# --- rules that read measurements (--measure --sweep); fed recorded numbers here -----------------------
+
+def with_latency(report, **sweep):
+    import dataclasses
+
+    latency = {"device": "cuda:0", "end_to_end_ms": 10.0, "sweep": sweep}
+    return dataclasses.replace(report, latency=latency)
+
+
+def run(report, rule):
+    from archscan.rules import run_rules
+
+    return run_rules(report, [rule]).findings
+
+
+@pytest.fixture(scope="module")
+def conv_report():
+    return archscan.scan(Conv(16, 16, k=3), [(1, 16, 8, 8)], rules=[])
+
+
+def test_batch_size(conv_report):
+    grows = [{"batch": 1, "per_s": 100.0}, {"batch": 2, "per_s": 190.0}, {"batch": 4, "per_s": 300.0},
+             {"batch": 8, "per_s": 310.0}]
+    (f,) = run(with_latency(conv_report, batches=grows), "batch-size")
+    assert f.saving["throughput_gain"] == 3.1 and "past batch 8" in f.message
+    flat = [{"batch": 1, "per_s": 100.0}, {"batch": 2, "per_s": 105.0}, {"batch": 4, "failed": "out of memory"}]
+    assert run(with_latency(conv_report, batches=flat), "batch-size") == ()
+    assert run(conv_report, "batch-size") == ()  # not measured: nothing to say
+
+
+def test_input_transfer(conv_report):
+    slow = [{"bytes": 602112, "pageable_ms": 0.30, "pinned_ms": 0.10}]
+    (f,) = run(with_latency(conv_report, input_copies=slow), "input-transfer")
+    assert f.saving["latency_ms"] == pytest.approx(0.2)
+    same = [{"bytes": 602112, "pageable_ms": 0.10, "pinned_ms": 0.095}]
+    assert run(with_latency(conv_report, input_copies=same), "input-transfer") == ()
+
+
+def test_channels_last_measured(conv_report):
+    (f,) = run(with_latency(conv_report, channels_last_ms=8.0), "channels-last")
+    assert f.severity == "warning" and f.saving["latency_ms"] == pytest.approx(2.0)
+    assert run(with_latency(conv_report, channels_last_ms=12.0), "channels-last") == ()  # slower: quiet

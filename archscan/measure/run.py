@@ -38,6 +38,8 @@ class MeasureOptions:
     node_budget_ms: float = 30.0
     e2e_budget_ms: float = 1000.0
     progress: bool = True
+    sweep: bool = False             # also: batch sizes x2/x4/x8; on GPU pinned vs pageable input copies
+                                    # and channels_last against the default memory format
 
 
 _AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -162,6 +164,7 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
                 interp = _TimingInterpreter(gm, clock, options.node_budget_ms, advance)
                 interp.run(*inputs)
             times = interp.times
+        sweep = _sweep(model, inputs, clock, device, options) if options.sweep else None
     nodes = tuple(dataclasses.replace(n, latency_ms=times[n.name].median_ms if n.name in times else None,
                                       attrs={**n.attrs, "latency_spread": round(times[n.name].spread, 4)}
                                       if n.name in times else n.attrs)
@@ -179,6 +182,8 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
         "per_layer_sum_ms": per_layer if times else None,
         "timed_nodes": len(times),
     }
+    if sweep is not None:
+        latency["sweep"] = sweep
     if times:
         gap = e2e.median_ms - per_layer
         latency["gap_ms"] = gap
@@ -201,3 +206,39 @@ def _module_latency(report: Report, nodes) -> tuple:
         for path in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
             sums[path] = sums.get(path, 0.0) + n.latency_ms
     return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
+
+
+def _sweep(model, inputs, clock, device: torch.device, options: MeasureOptions) -> dict:
+    """Throughput at larger batches; on a GPU, input copies pinned vs pageable and channels_last A/B."""
+    budget = min(options.e2e_budget_ms, 500.0)
+    base = inputs[0].shape[0] if inputs and inputs[0].dim() else 1
+    batches = []
+    for factor in (1, 2, 4, 8):
+        xs = [x.repeat(factor, *([1] * (x.dim() - 1))) if x.dim() else x for x in inputs]
+        try:
+            stats = time_fn(lambda: model(*xs), clock, warmup=2, min_repeats=3, budget_ms=budget)
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # out of memory, or a fixed batch size
+            out_note = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            batches.append({"batch": base * factor, "failed": out_note})
+            break
+        batches.append({"batch": base * factor, "ms": stats.median_ms, "per_s": base * factor / (stats.median_ms / 1e3)})
+        if stats.median_ms > 2000:
+            break
+    out: dict = {"batches": batches}
+    if device.type == "cuda":
+        copies = []
+        for x in inputs:
+            host = x.detach().cpu()
+            pinned = host.pin_memory()
+            pageable = time_fn(lambda: host.to(device), clock, warmup=2, min_repeats=5, budget_ms=100)
+            fast = time_fn(lambda: pinned.to(device, non_blocking=True), clock, warmup=2, min_repeats=5, budget_ms=100)
+            copies.append({"bytes": host.numel() * host.element_size(), "pageable_ms": pageable.median_ms,
+                           "pinned_ms": fast.median_ms})
+        out["input_copies"] = copies
+        if not options.channels_last and any(x.dim() == 4 for x in inputs):
+            cl_model = model.to(memory_format=torch.channels_last)
+            cl_inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+            cl = time_fn(lambda: cl_model(*cl_inputs), clock, warmup=3, min_repeats=5, budget_ms=budget)
+            model.to(memory_format=torch.contiguous_format)
+            out["channels_last_ms"] = cl.median_ms
+    return out

@@ -116,6 +116,15 @@ def latency_lines(report: Report) -> list[str]:
                          f"gap {lat['gap_ms']:+.3f} ms ({100 * lat['gap_fraction']:+.1f}%): {lat['gap_explained']}")
         elif lat.get("per_layer_note"):
             lines.append(f"per layer  {lat['per_layer_note']}")
+        sweep = lat.get("sweep") or {}
+        if sweep.get("batches"):
+            lines.append("batches    " + ", ".join(
+                f"{b['batch']}: {b['per_s']:.1f}/s" if "per_s" in b else f"{b['batch']}: failed ({b['failed']})"
+                for b in sweep["batches"]))
+        if "channels_last_ms" in sweep:
+            lines.append(f"chan-last  {sweep['channels_last_ms']:.3f} ms end to end in channels_last")
+        for c in sweep.get("input_copies", []):
+            lines.append(f"input copy {fmt_bytes(c['bytes'])}: {c['pageable_ms']:.3f} ms pageable, {c['pinned_ms']:.3f} ms pinned")
     if lat.get("predicted_ms") is not None:
         prof = lat["profile"]
         line = f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} (calibrated {prof['created'][:10]})"

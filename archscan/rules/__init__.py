@@ -30,6 +30,8 @@ RULES: dict[str, Check] = {
     "channel-align": hygiene.check_channel_align,
     "channels-last": hygiene.check_channels_last,
     "no-grad": hygiene.check_no_grad,
+    "batch-size": hygiene.check_batch_size,          # needs --measure --sweep
+    "input-transfer": hygiene.check_input_transfer,  # needs --measure --sweep on a GPU
 }
 
 SEVERITIES = ("info", "warning", "error")

@@ -219,6 +219,18 @@ def check_channels_last(ctx: RuleContext) -> list[Finding]:
     conv = sum(n.flops for n in r.nodes if n.category in ("conv", "grouped_conv", "depthwise_conv"))
     if not r.totals.flops or conv / r.totals.flops < 0.5:
         return []
+    sweep = (r.latency or {}).get("sweep") or {}
+    if "channels_last_ms" in sweep:  # measured both ways: say what it did
+        base, cl = r.latency["end_to_end_ms"], sweep["channels_last_ms"]
+        if cl >= 0.95 * base:
+            return []
+        return [Finding(
+            rule="channels-last", severity="warning", module="",
+            message=f"channels_last runs this model in {cl:.3f} ms against {base:.3f} ms ({base / cl:.2f}x faster)",
+            evidence={"default_ms": base, "channels_last_ms": cl, "device": r.latency["device"]},
+            saving={"latency_ms": base - cl},
+            fix="model.to(memory_format=torch.channels_last) and the same for 4-D inputs",
+        )]
     return [Finding(
         rule="channels-last", severity="info", module="",
         message=f"convolutions are {100 * conv / r.totals.flops:.0f}% of the FLOPs: try channels_last with "
@@ -239,4 +251,40 @@ def check_no_grad(ctx: RuleContext) -> list[Finding]:
         message="the module was in train mode (archscan analysed it in eval mode)",
         evidence={"training": True}, saving={},
         fix="call model.eval() and run inference under torch.inference_mode()",
+    )]
+
+
+def check_batch_size(ctx: RuleContext) -> list[Finding]:
+    """Measured throughput at growing batch sizes (--measure --sweep): where does it saturate?"""
+    batches = [b for b in ((ctx.report.latency or {}).get("sweep") or {}).get("batches", []) if "per_s" in b]
+    if len(batches) < 2:
+        return []
+    first, best = batches[0], max(batches, key=lambda b: b["per_s"])
+    gain = best["per_s"] / first["per_s"]
+    if gain < 1.25:
+        return []
+    saturates = next((b["batch"] for prev, b in zip(batches, batches[1:]) if b["per_s"] < 1.1 * prev["per_s"]), None)
+    return [Finding(
+        rule="batch-size", severity="info", module="",
+        message=(f"throughput grows {gain:.1f}x from batch {first['batch']} to {best['batch']}"
+                 + (f"; it stops growing past batch {saturates}" if saturates else "; still growing at the largest batch tried")),
+        evidence={"batches": batches},
+        saving={"throughput_gain": round(gain, 2)},
+        fix=f"serve or evaluate in batches of about {best['batch']} where latency allows",
+    )]
+
+
+def check_input_transfer(ctx: RuleContext) -> list[Finding]:
+    """Host-to-device input copies (--measure --sweep on a GPU): pinned memory and smaller dtypes."""
+    copies = ((ctx.report.latency or {}).get("sweep") or {}).get("input_copies") or []
+    pageable = sum(c["pageable_ms"] for c in copies)
+    pinned = sum(c["pinned_ms"] for c in copies)
+    if not copies or pinned >= 0.8 * pageable:
+        return []
+    return [Finding(
+        rule="input-transfer", severity="info", module="",
+        message=f"copying the inputs to the device takes {pageable:.3f} ms from pageable memory, {pinned:.3f} ms pinned",
+        evidence={"copies": copies},
+        saving={"latency_ms": pageable - pinned},
+        fix="DataLoader(pin_memory=True) and .to(device, non_blocking=True); ship images as uint8 and normalise on the device",
     )]
