@@ -22,13 +22,6 @@ _SUBCOMMANDS = {"scan", "zoo", "calibrate", "guidelines"}
 _state = {"debug": False}
 
 
-def _fail(exc: BaseException) -> None:
-    code = getattr(exc, "exit_code", 1)
-    msg = str(exc) if isinstance(exc, ArchscanError) else f"{type(exc).__name__}: {exc}"
-    typer.echo(f"archscan: error: {msg}", err=True)
-    raise typer.Exit(code)
-
-
 @app.command("scan")
 def scan_cmd(
     model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
@@ -231,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     except ArchscanError as exc:
         if _state["debug"] or "--debug" in args:
             raise
-        _fail_quiet(exc)
+        typer.echo(f"archscan: error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
@@ -251,10 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"archscan: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
         return 1
     return 0
-
-
-def _fail_quiet(exc: ArchscanError) -> None:
-    typer.echo(f"archscan: error: {exc}", err=True)
 
 
 def entry() -> None:

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from ..capture import build_real, make_inputs, trace_export, trace_fx
+from ..building import build_real, make_inputs
+from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
 from ..results import Report

@@ -1,0 +1,116 @@
+"""The eager capture: run the real model once and rebuild its graph from the aten ops it executes.
+
+For models that defeat both torch.fx and torch.export (tensor-valued control flow, ``.item()``):
+a ``TorchDispatchMode`` records every aten op with its module (forward hooks keep the module
+stack) and data flow follows tensor identity. The graph covers the path taken for that input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from .costs import storage_key
+from .errors import CaptureError
+from .loading import user_frame
+from .recording import NodeCosts, OpRecorder, first_tensor, python_stack, quiet, short
+
+
+class _EagerGraphBuilder:
+    """Builds an fx graph from the aten ops a real run executes (data flow by tensor identity)."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], recorder: OpRecorder):
+        self.model = model
+        self.graph = torch.fx.Graph()
+        self.produced: dict[int, torch.fx.Node] = {}
+        self.keep: list[Any] = []  # keep outputs alive so ids stay unique
+        self.attr_nodes: dict[Any, torch.fx.Node] = {}
+        self.weights = {}
+        for name, p in model.named_parameters():
+            self.weights.setdefault(storage_key(p), name)
+        for name, b in model.named_buffers():
+            self.weights.setdefault(storage_key(b), name)
+        for i, x in enumerate(inputs):
+            node = self.graph.placeholder(f"input_{i}")
+            self.produced[id(x)] = node
+            node.meta["archscan_out"] = x
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.stack: list[nn.Module] = []
+        self.recorder = recorder
+        recorder.on_op = self.on_op
+        self.last_node: torch.fx.Node | None = None
+
+    def _arg(self, a):
+        if isinstance(a, torch.Tensor):
+            if id(a) in self.produced:
+                return self.produced[id(a)]
+            k = storage_key(a)
+            if k in self.weights:
+                if k not in self.attr_nodes:
+                    self.attr_nodes[k] = self.graph.get_attr(self.weights[k])
+                return self.attr_nodes[k]
+            return f"<tensor {list(a.shape)}>"
+        if isinstance(a, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return a
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(x) for x in a)
+        return repr(a)
+
+    def on_op(self, func, args, kwargs, out, cost):
+        node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
+        stack = {}
+        for m in self.stack:
+            path = self.names.get(id(m), "")
+            stack[path or "L__self__"] = (path, type(m).__name__)
+        node.meta["nn_module_stack"] = stack
+        node.meta["stack_trace"] = python_stack()
+        costs = NodeCosts(ops=[cost], param_keys=self.recorder.params_read(args, kwargs) if cost.weight_bytes else set())
+        t = first_tensor(out)
+        if t is not None:
+            costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
+        node.meta["archscan"] = costs
+        for leaf in pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.produced[id(leaf)] = node
+                self.keep.append(leaf)
+        self.last_node = node
+
+    def pre_hook(self, module, args):
+        self.stack.append(module)
+
+    def post_hook(self, module, args, output):
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+
+    def finish(self, out) -> torch.fx.GraphModule:
+        self.graph.output(self._arg(out) if isinstance(out, (torch.Tensor, tuple, list)) else None)
+        return torch.fx.GraphModule(self.model, self.graph, self.model.__class__.__name__)
+
+
+def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys: set, param_keys: set,
+                  source_file: str | None) -> torch.fx.GraphModule:
+    """Run the real model once, recording every aten op with its module."""
+    recorder = OpRecorder(weight_keys, param_keys)
+    builder = _EagerGraphBuilder(model, inputs, recorder)
+    pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
+    post = nn.modules.module.register_module_forward_hook(builder.post_hook)
+    try:
+        with torch.no_grad(), recorder, quiet():
+            out = model(*inputs)
+    except Exception as exc:
+        where = ""
+        if builder.stack:
+            m = builder.stack[-1]
+            where = f" in layer {builder.names.get(id(m), '')!r} ({type(m).__name__})"
+        raise CaptureError(
+            f"the model cannot run{where} at {user_frame(exc, source_file)}: {short(exc)}"
+        ) from exc
+    finally:
+        pre.remove()
+        post.remove()
+        recorder.on_op = None
+    return builder.finish(out)

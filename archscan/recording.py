@@ -1,0 +1,142 @@
+"""Recording executed aten ops: the dispatch mode that costs them, and what a node keeps."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .costs import OpCost, cost_op, storage_key, tensors_in
+
+_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@dataclass
+class NodeCosts:
+    """What one graph node executed: its aten ops with costs, the params it read first."""
+
+    ops: list[OpCost] = field(default_factory=list)
+    param_keys: set = field(default_factory=set)
+    out_shape: tuple[int, ...] | None = None
+    out_dtype: torch.dtype | None = None
+
+
+class OpRecorder(TorchDispatchMode):
+    """Costs every aten op executed while active, into the current ``NodeCosts``."""
+
+    def __init__(self, weight_keys: set, param_keys: set):
+        super().__init__()
+        self.weight_keys = weight_keys
+        self.param_keys = param_keys
+        self.current: NodeCosts | None = None
+        self.on_op = None  # optional callback(func, args, kwargs, out, cost)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "prim":  # prim.device and friends: metadata queries, no work
+            return out
+        cost = cost_op(func, args, kwargs, out, self.weight_keys)
+        if self.current is not None:
+            self.current.ops.append(cost)
+            if cost.weight_bytes:
+                self.current.param_keys |= self.params_read(args, kwargs)
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs, out, cost)
+        return out
+
+    def params_read(self, args, kwargs) -> set:
+        """Storage keys of the model parameters among an op's arguments."""
+        return {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
+
+
+def first_tensor(value) -> torch.Tensor | None:
+    for leaf in pytree.tree_leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
+
+
+def shape_str(value) -> str:
+    shapes = [list(t.shape) for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return ", ".join(str(s) for s in shapes) if shapes else "no tensors"
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence torch's logging and warnings while a capture attempt may fail noisily."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def source_of(node: torch.fx.Node) -> str | None:
+    """'file.py:LINE' of the user code that produced a node, from its recorded stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    best = None
+    for line in trace.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            try:
+                fname = line.split('"')[1]
+                lineno = int(line.split("line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                continue
+            if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+                best = (fname, lineno)
+    if best is None:
+        return None
+    fname, lineno = best
+    try:
+        rel = os.path.relpath(fname)
+        fname = rel if not rel.startswith("..") else fname
+    except ValueError:
+        pass
+    return f"{fname}:{lineno}"
+
+
+def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
+    """[(module path, type name)] from outermost to innermost, for fx/export/eager nodes."""
+    stack = node.meta.get("nn_module_stack") or {}
+    out = []
+    for value in stack.values():
+        path, typ = value[0], value[1]
+        typ = typ.__name__ if isinstance(typ, type) else str(typ).rsplit(".", 1)[-1]
+        path = path.replace("L__self__.", "").replace("L['self'].", "")
+        if path in ("L__self__", "L['self']"):
+            path = ""
+        out.append((path, typ))
+    return out
+
+
+def python_stack() -> str:
+    """The innermost user frame now executing, as an fx ``stack_trace`` line."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+            return f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}'
+        frame = frame.f_back
+    return ""
+
+
+def short(exc: BaseException) -> str:
+    """'TypeName: first line of the message'."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
