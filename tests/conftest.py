@@ -1,9 +1,11 @@
 import os
+import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOY = os.path.join(HERE, "models", "toy.py")
+sys.path.insert(0, os.path.dirname(TOY))  # `import toy` for the model classes themselves
 
 
 @pytest.fixture

@@ -65,23 +65,16 @@ def test_eager_fallback_on_tensor_control_flow(toy):
 
 def test_forced_eager_counts_the_fused_mha_path():
     """A real CPU run of nn.MultiheadAttention in eval takes _native_multi_head_attention."""
-    mha = nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    from toy import SelfAttention
 
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attn = mha
-
-        def forward(self, x):
-            return self.attn(x, x, x, need_weights=False)[0]
-
-    r = archscan.scan(M(), [(2, 10, 64)], capture_method="eager")
+    model = SelfAttention(64, 4).eval()
+    r = archscan.scan(model, [(2, 10, 64)], capture_method="eager")
     ops = {op for n in r.nodes for op in n.aten_ops}
     assert "aten._native_multi_head_attention.default" in ops
     assert r.totals.flops == 353_280
     # torch's own counter misses that path entirely:
     with FlopCounterMode(display=False) as fc, torch.no_grad():
-        M()(torch.randn(2, 10, 64))
+        model(torch.randn(2, 10, 64))
     assert fc.get_total_flops() == 0
 
 

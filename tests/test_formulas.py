@@ -108,17 +108,9 @@ def test_sdpa_is_counted_on_cpu():
 def test_multihead_attention_fused_path():
     # x [b=2, l=10, e=64]: in-proj 3*2*10*64*64 = 245760, QK^T + AV 2*2*10*10*64 = 25600,
     # out-proj 2*10*64*64 = 81920 -> 353280
-    mha = nn.MultiheadAttention(64, 4, batch_first=True)
+    from toy import SelfAttention  # nn.MultiheadAttention(64, 4, batch_first=True), self-attention
 
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attn = mha
-
-        def forward(self, x):
-            return self.attn(x, x, x, need_weights=False)[0]
-
-    r = archscan.scan(M(), [(2, 10, 64)])
+    r = archscan.scan(SelfAttention(64, 4), [(2, 10, 64)])
     assert r.totals.flops == 353_280
     assert r.node("attn").category == "attention"
 
