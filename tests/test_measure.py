@@ -242,3 +242,15 @@ def test_sweep_on_cpu(toy):
     assert [b["batch"] for b in batches] == [1, 2, 4, 8]
     assert all(b["per_s"] == pytest.approx(b["batch"] / (b["ms"] / 1e3)) for b in batches)
     assert "input_copies" not in r.latency["sweep"]  # GPU only
+
+
+
+def test_eager_capture_is_timed_per_leaf_module(toy):
+    r = archscan.scan(f"{toy}:DataBranch", [(1, 3, 16, 16)], rules=[],
+                      measure=MeasureOptions(device="cpu", e2e_budget_ms=5, progress=False))
+    assert r.capture == "eager"
+    conv, fc = r.module("conv").latency_ms, r.module("fc").latency_ms
+    assert conv > 0 and fc > 0
+    assert r.latency["per_layer_sum_ms"] == pytest.approx(conv + fc)
+    assert r.latency["timed_nodes"] == 2 and "leaf modules" in r.latency["per_layer_note"]
+    assert all(n.latency_ms is None for n in r.nodes)

@@ -165,13 +165,16 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
                 interp = _TimingInterpreter(gm, clock, options.node_budget_ms, advance)
                 interp.run(*inputs)
             times = interp.times
+            leaf_ms: dict[str, float] = {}
+        else:
+            leaf_ms = _leaf_module_times(model, inputs, clock)
         sweep = _sweep(model, inputs, clock, device, options) if options.sweep else None
     nodes = tuple(dataclasses.replace(n, latency_ms=times[n.name].median_ms if n.name in times else None,
                                       attrs={**n.attrs, "latency_spread": round(times[n.name].spread, 4)}
                                       if n.name in times else n.attrs)
                   for n in report.nodes)
-    modules = _module_latency(report, nodes)
-    per_layer = sum(n.latency_ms for n in nodes if n.latency_ms is not None)
+    modules = _module_latency(report, nodes) if times else _leaf_latency(report, leaf_ms)
+    per_layer = sum(n.latency_ms for n in nodes if n.latency_ms is not None) if times else sum(leaf_ms.values())
     batch = specs[0].shape[0] if specs and specs[0].shape else 1
     latency = {
         "device": str(device), "device_name": device_name(device),
@@ -180,12 +183,15 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
         "cudnn_benchmark": device.type == "cuda", "inference_mode": True,
         "end_to_end_ms": e2e.median_ms, "end_to_end": e2e.to_json(),
         "throughput_per_s": batch / (e2e.median_ms / 1e3) if e2e.median_ms else None,
-        "per_layer_sum_ms": per_layer if times else None,
-        "timed_nodes": len(times),
+        "per_layer_sum_ms": per_layer if times or leaf_ms else None,
+        "timed_nodes": len(times) if times else len(leaf_ms),
     }
     if sweep is not None:
         latency["sweep"] = sweep
-    if times:
+    if leaf_ms:
+        latency["per_layer_note"] = ("eager capture: layers timed as leaf modules inside full forward passes "
+                                     f"({len(leaf_ms)} modules); their nodes carry no time of their own")
+    if times or leaf_ms:
         gap = e2e.median_ms - per_layer
         latency["gap_ms"] = gap
         latency["gap_fraction"] = gap / e2e.median_ms if e2e.median_ms else 0.0
@@ -193,8 +199,6 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
             "end-to-end exceeds the per-layer sum: launch overhead and host time between layers"
             if gap > 0 else "the per-layer sum exceeds end-to-end: isolated timing repeats per-call overhead "
             "that back-to-back execution overlaps")
-    else:
-        latency["per_layer_note"] = "per-node timing needs an fx or export capture; this model was captured eagerly"
     return dataclasses.replace(report, nodes=nodes, modules=modules, latency=latency)
 
 
@@ -206,6 +210,46 @@ def _module_latency(report: Report, nodes) -> tuple:
         parts = n.module.split(".") if n.module else []
         for path in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
             sums[path] = sums.get(path, 0.0) + n.latency_ms
+    return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
+
+
+def _leaf_module_times(model: torch.nn.Module, inputs, clock, runs: int = 7) -> dict[str, float]:
+    """Median ms of every leaf module (no children) over ``runs`` full forward passes, via hooks.
+
+    For eagerly captured models, which have no replayable graph: each leaf's forward is
+    bracketed by the clock (synchronising on a GPU) while the whole model runs.
+    """
+    names = {id(m): n for n, m in model.named_modules() if n and not any(True for _ in m.children())}
+    samples: dict[str, list[float]] = {n: [] for n in names.values()}
+    started: dict[int, list] = {}
+
+    def pre(module, args):
+        if id(module) in names:
+            started.setdefault(id(module), []).append(clock.start())
+
+    def post(module, args, output):
+        if id(module) in names and started.get(id(module)):
+            samples[names[id(module)]].append(clock.stop(started[id(module)].pop()))
+
+    model(*inputs)  # warm-up
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+               torch.nn.modules.module.register_module_forward_hook(post)]
+    try:
+        for _ in range(runs):
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    # a module called k times per pass contributes k samples per run: its per-pass time is their sum / runs
+    return {n: sorted(v)[len(v) // 2] * len(v) / runs for n, v in samples.items() if v}
+
+
+def _leaf_latency(report: Report, leaf_ms: dict[str, float]) -> tuple:
+    sums: dict[str, float] = {}
+    for path, ms in leaf_ms.items():
+        parts = path.split(".")
+        for p in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            sums[p] = sums.get(p, 0.0) + ms
     return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
 
 

@@ -112,10 +112,11 @@ def latency_lines(report: Report) -> list[str]:
                      + f", median of {e2e['repeats']}, spread {100 * e2e['spread']:.1f}%"
                      + (f"; {lat['throughput_per_s']:.1f} items/s" if lat.get("throughput_per_s") else ""))
         if lat.get("per_layer_sum_ms") is not None:
-            lines.append(f"per layer  {lat['per_layer_sum_ms']:.3f} ms summed over {lat['timed_nodes']} nodes; "
+            what = "leaf modules" if lat.get("per_layer_note") else "nodes"
+            lines.append(f"per layer  {lat['per_layer_sum_ms']:.3f} ms summed over {lat['timed_nodes']} {what}; "
                          f"gap {lat['gap_ms']:+.3f} ms ({100 * lat['gap_fraction']:+.1f}%): {lat['gap_explained']}")
-        elif lat.get("per_layer_note"):
-            lines.append(f"per layer  {lat['per_layer_note']}")
+        if lat.get("per_layer_note"):
+            lines.append(f"           {lat['per_layer_note']}")
         sweep = lat.get("sweep") or {}
         if sweep.get("batches"):
             lines.append("batches    " + ", ".join(
