@@ -127,10 +127,16 @@ def _node_category(costs: NodeCosts, module_type: str = "") -> str:
 
 
 def _merge_attrs(costs: NodeCosts) -> dict:
+    """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
+    several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
+    attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
+    by_category: Counter = Counter()
     for c in costs.ops:
-        if c.attrs:
-            return dict(c.attrs)
-    return {}
+        if c.mac_bytes:
+            by_category[c.category] += c.mac_bytes
+    if len(by_category) > 1:
+        attrs["mac_by_category"] = dict(by_category)
+    return attrs
 
 
 _HOST_FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,

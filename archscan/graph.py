@@ -67,6 +67,14 @@ def is_elementwise(n: NodeReport) -> bool:
     return n.category in ELEMENTWISE_CATEGORIES or n.category == "depthwise_conv"
 
 
+def elementwise_mac_bytes(n: NodeReport) -> int:
+    """Bytes a node moves doing element-wise work, from its per-category breakdown when it has one."""
+    by_category = n.attrs.get("mac_by_category")
+    if by_category:
+        return sum(v for k, v in by_category.items() if k in ELEMENTWISE_CATEGORIES or k == "depthwise_conv")
+    return n.mac_bytes if is_elementwise(n) else 0
+
+
 def fragmentation(g: nx.DiGraph, names: list[str]) -> tuple[int, int, int]:
     """(fragments, longest chain, width) of the fragmented ops among ``names``."""
     inside = set(names)
@@ -95,10 +103,9 @@ def fragmentation(g: nx.DiGraph, names: list[str]) -> tuple[int, int, int]:
 def _block(g: nx.DiGraph, name: str, type_: str, kind: str, names: list[str]) -> Block:
     nodes = [g.nodes[n]["node"] for n in names]
     fragments, series, parallel = fragmentation(g, names)
-    elem = [n for n in nodes if is_elementwise(n)]
     return Block(name, type_, kind, tuple(names), fragments, series, parallel,
                  sum(n.flops for n in nodes), sum(n.mac_bytes for n in nodes),
-                 sum(n.mac_bytes for n in elem), sum(n.flops for n in elem))
+                 sum(elementwise_mac_bytes(n) for n in nodes), sum(n.flops for n in nodes if is_elementwise(n)))
 
 
 def module_units(report: Report) -> list[tuple[str, str]]:

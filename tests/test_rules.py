@@ -256,3 +256,24 @@ def test_channels_last_measured(conv_report):
     (f,) = run(with_latency(conv_report, channels_last_ms=8.0), "channels-last")
     assert f.severity == "warning" and f.saving["latency_ms"] == pytest.approx(2.0)
     assert run(with_latency(conv_report, channels_last_ms=12.0), "channels-last") == ()  # slower: quiet
+
+
+def test_g4_sees_element_wise_work_inside_a_whole_torch_nn_leaf():
+    """fx keeps nn.TransformerDecoderLayer as one node; its layer norms, adds and ReLU still count for G4."""
+
+    class Dec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerDecoderLayer(32, 4, 64, batch_first=True)
+
+        def forward(self, x, memory):
+            return self.layer(x, memory)
+
+    shares = {}
+    for method in ("fx", "eager"):
+        r = archscan.scan(Dec(), [(2, 10, 32), (2, 7, 32)], capture_method=method, rules=["G4"])
+        (f,) = r.findings
+        shares[method] = f.evidence["mac_share"]
+    fx = archscan.scan(Dec(), [(2, 10, 32), (2, 7, 32)], capture_method="fx", rules=[])
+    assert {"norm", "elementwise"} <= set(fx.node("layer").attrs["mac_by_category"])
+    assert shares["fx"] == pytest.approx(shares["eager"], abs=0.02)

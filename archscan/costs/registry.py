@@ -215,6 +215,9 @@ _categorize("data_movement", *[p for p in (
     aten._upsample_nearest_exact2d, aten.tril, aten.triu, aten.masked_fill, aten.masked_fill_,
     aten.scatter, aten.index_put, aten.index_put_, aten.slice_scatter, aten.select_scatter,
     aten.lift_fresh_copy, aten.narrow_copy, aten.tile) if p is not None])
+_categorize("reduction", *[p for p in (  # scans and selections: one element op per input element
+    aten.cumsum, aten.cumprod, aten.logcumsumexp, aten.topk, aten.sort, aten.argsort, aten.kthvalue,
+    aten.median, aten.mode, _opt("cummax"), _opt("cummin")) if p is not None])
 _categorize("host_sync", *[p for p in (
     aten._local_scalar_dense, aten.item, aten.nonzero, aten.masked_select, aten._unique2,
     aten.unique_dim, aten.unique_consecutive, aten.argwhere, aten.nonzero_static,
@@ -229,6 +232,7 @@ _categorize("factory", *[p for p in (
 _FREE = {p for p in (aten._unsafe_view, aten.lift_fresh, aten.detach_, aten.resize_, aten.set_,
                      _opt("_assert_tensor_metadata"), _opt("_assert_async"), _opt("_assert_scalar"),
                      _opt("sym_constrain_range"), _opt("sym_constrain_range_for_size"), _opt("_functional_assert_async"),
+                     _opt("unsafe_split"), _opt("unsafe_split_with_sizes"), _opt("unsafe_chunk"),
                      aten._reshape_alias, aten.sym_size, aten.sym_stride, aten.sym_numel,
                      aten.sym_storage_offset, aten.dim, aten.is_contiguous, aten.size, aten.stride)
          if p is not None}
@@ -318,8 +322,8 @@ def _pool_window(func, args) -> int:
 
 
 def is_free(func) -> bool:
-    """True for views and metadata-only ops: they move no bytes."""
-    return func.is_view or func.overloadpacket in _FREE
+    """True for views and metadata-only ops (in-place views such as ``transpose_`` too): no bytes move."""
+    return func.is_view or func.overloadpacket in _FREE or torch.Tag.inplace_view in func.tags
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from ..graph import ELEMENTWISE_CATEGORIES, find_blocks, is_elementwise
+from ..graph import ELEMENTWISE_CATEGORIES, elementwise_mac_bytes, find_blocks, is_elementwise
 from ..results import Finding, NodeReport
 from .context import RuleContext, dtype_size
 
@@ -149,12 +149,10 @@ def check_g3(ctx: RuleContext) -> list[Finding]:
 
 def elementwise_shares(ctx: RuleContext) -> dict:
     t = ctx.report.totals
-    elem = [n for n in ctx.report.nodes if is_elementwise(n)]
-    mac = sum(n.mac_bytes for n in elem)
-    flops = sum(n.flops for n in elem)
+    mac = sum(elementwise_mac_bytes(n) for n in ctx.report.nodes)
+    flops = sum(n.flops for n in ctx.report.nodes if is_elementwise(n))
     return {"mac_bytes": mac, "mac_share": mac / t.mac_bytes if t.mac_bytes else 0.0,
-            "flops": flops, "flops_share": flops / t.flops if t.flops else 0.0,
-            "elem_ops": sum(n.elem_ops for n in elem)}
+            "flops": flops, "flops_share": flops / t.flops if t.flops else 0.0}
 
 
 G4_MIN_SHARE = 0.2
@@ -168,8 +166,9 @@ def check_g4(ctx: RuleContext) -> list[Finding]:
     top = sorted(ctx.blocks, key=lambda b: b.elementwise_mac_bytes, reverse=True)[:5]
     by_cat: dict[str, int] = defaultdict(int)
     for n in ctx.report.nodes:
-        if is_elementwise(n):
-            by_cat[n.category] += n.mac_bytes
+        for cat, nbytes in (n.attrs.get("mac_by_category") or {n.category: n.mac_bytes}).items():
+            if cat in ELEMENTWISE_CATEGORIES or cat == "depthwise_conv":
+                by_cat[cat] += nbytes
     return [Finding(
         rule="G4", severity="warning" if s["mac_share"] >= 0.4 else "info", module="",
         message=(f"element-wise ops move {100 * s['mac_share']:.0f}% of the bytes but do "
