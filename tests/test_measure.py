@@ -254,3 +254,14 @@ def test_eager_capture_is_timed_per_leaf_module(toy):
     assert r.latency["per_layer_sum_ms"] == pytest.approx(conv + fc)
     assert r.latency["timed_nodes"] == 2 and "leaf modules" in r.latency["per_layer_note"]
     assert all(n.latency_ms is None for n in r.nodes)
+
+
+def test_any_failure_while_measuring_is_a_device_error(toy, monkeypatch):
+    from archscan.measure import run
+
+    def boom(*a, **k):
+        raise ValueError("kernel not implemented for 'Half'")
+
+    monkeypatch.setattr(run, "_measure", boom)
+    with pytest.raises(DeviceError, match="failed while measuring on cpu: ValueError"):
+        archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="cpu"))

@@ -23,6 +23,7 @@ from ..building import build_real, make_inputs
 from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
+from ..recording import short
 from ..results import Report
 from .profile import device_name, resolve_device
 from .timing import TimingStats, clock_for, time_fn
@@ -136,7 +137,11 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
             raise DeviceError(f"out of memory on {device} while measuring", hint="use a smaller --input batch") from exc
         if "CUDA error" in text or "device-side" in text:
             raise DeviceError(f"device-side error on {device}: {text.splitlines()[0]}") from exc
+        raise DeviceError(f"the model failed while measuring on {device}: {short(exc)}") from exc
+    except ArchscanError:
         raise
+    except Exception as exc:  # the static report stands; say why the measurement does not
+        raise DeviceError(f"the model failed while measuring on {device}: {short(exc)}") from exc
     finally:
         torch.set_num_threads(previous_threads)
 
