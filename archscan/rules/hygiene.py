@@ -19,7 +19,8 @@ def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
     """Conv/linear whose only user is a batch norm: fold the norm into the weights for inference."""
     g, pairs = ctx.graph, []
     for n in ctx.report.nodes:
-        if n.category != "norm" or "BatchNorm" not in n.module_type and not any("batch_norm" in op for op in n.aten_ops):
+        is_batch_norm = "BatchNorm" in n.module_type or any("batch_norm" in op for op in n.aten_ops)
+        if n.category != "norm" or not is_batch_norm:
             continue
         if len(n.inputs) != 1:
             continue
@@ -141,7 +142,7 @@ def check_inplace(ctx: RuleContext) -> list[Finding]:
         if n.category not in ("elementwise", "activation") or len(n.inputs) < 1:
             continue
         if any(op.split(".")[1].endswith("_") for op in n.aten_ops if op.count(".") >= 2):
-            continue  # already in place
+            continue  # already in place: aten.relu_.default
         for src_name in n.inputs:
             src = g.nodes[src_name]["node"]
             if src.category in elementwise and g.out_degree(src_name) == 1:
