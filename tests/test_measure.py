@@ -92,6 +92,11 @@ def test_prediction_formula_exact():
     assert predict_node(node(category="depthwise_conv", flops=1_000_000), PROFILE)[0] == pytest.approx(10.01)
     # bf16 scales the class rate by the matmul peaks (2x) and falls back to the dtype peak otherwise
     assert predict_node(node(flops=2_000_000, dtype="bfloat16"), PROFILE)[0] == pytest.approx(1.01)
+    # a class's own per-call overhead replaces the generic launch overhead: 2 ms + 0.5 ms
+    import dataclasses
+
+    with_floor = dataclasses.replace(PROFILE, class_overhead_ms={"conv": 0.5})
+    assert predict_node(node(flops=2_000_000, mac_bytes=1_000_000), with_floor)[0] == pytest.approx(2.5)
     # a tiny op is overhead-bound
     assert predict_node(node(category="activation", mac_bytes=8, aten_ops=("aten.relu.default",)), PROFILE)[1] == "overhead"
 
@@ -105,7 +110,9 @@ def test_profile_round_trip(tmp_path):
 def test_quick_calibration_on_cpu_is_cached():
     profile = calibrate("cpu", quick=True)
     assert profile.peak_flops["float32"] > 0 and profile.bandwidth > 0 and profile.launch_overhead_ms > 0
-    assert set(profile.class_flops) == {"conv", "grouped_conv", "depthwise_conv"}
+    assert set(profile.class_flops) == {"conv", "grouped_conv", "depthwise_conv", "linear"}
+    assert set(profile.class_overhead_ms) == set(profile.class_flops) | set(profile.class_bandwidth)
+    assert all(v >= 0 for v in profile.class_overhead_ms.values())
     save_profile(profile)
     assert load_profile(torch.device("cpu")) == profile  # found again under the cache directory
 

@@ -4,7 +4,8 @@
                   dense, grouped or depthwise conv -- or the dtype's matmul peak)
     memory_ms   = mac_bytes / bytes per second (measured for norms, activations, element-wise
                   ops, pools and copies; else the large-copy bandwidth)
-    overhead_ms = kernels * launch overhead
+    overhead_ms = kernels * the per-call floor of the node's op class (its time on a tiny
+                  input; else the launch overhead of a one-element op)
     predicted   = max(compute_ms, memory_ms) + overhead_ms
 
 A node is compute-bound when compute_ms is the largest of the three terms, memory-bound when
@@ -31,7 +32,7 @@ def predict_node(node: NodeReport, profile: DeviceProfile) -> tuple[float, str]:
     """(predicted ms, bound) for one node."""
     compute = node.flops / profile.flops_for(node.dtype, node.category) * 1e3
     memory = node.mac_bytes / profile.bandwidth_for(node.category) * 1e3
-    overhead = kernels(node) * profile.launch_overhead_ms
+    overhead = kernels(node) * profile.overhead_for(node.category)
     bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
     if compute == memory == overhead == 0:
         bound = "none"

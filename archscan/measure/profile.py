@@ -38,6 +38,7 @@ class DeviceProfile:
     torch_version: str
     class_flops: dict[str, float] = dataclasses.field(default_factory=dict)      # category -> multiply-adds/s (fp32)
     class_bandwidth: dict[str, float] = dataclasses.field(default_factory=dict)  # category -> bytes/s
+    class_overhead_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # category -> ms per call
 
     @property
     def key(self) -> str:
@@ -50,6 +51,10 @@ class DeviceProfile:
         peak = self.peak_flops.get(dtype or "float32") or fp32
         rate = self.class_flops.get(category or "")
         return rate * peak / fp32 if rate else peak
+
+    def overhead_for(self, category: str | None = None) -> float:
+        """Per-call floor of an op class (its time on a tiny input), else the launch overhead."""
+        return self.class_overhead_ms.get(category or "", self.launch_overhead_ms)
 
     def bandwidth_for(self, category: str | None = None) -> float:
         """Bytes/s an op class achieves (measured), else the copy bandwidth."""
@@ -162,38 +167,51 @@ def _launch_overhead_ms(device: torch.device, clock: Clock) -> float:
     return stats.median_ms / calls
 
 
-def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict]:
-    """Achieved rates of the op classes CNNs spend their time in (float32, batch 1, 56x56 maps).
-
-    Dense, grouped and depthwise convolutions reach very different fractions of the matmul
-    peak, and norms/activations/pools of the copy bandwidth; the roofline uses what each reaches.
-    """
+def _class_ops(device: torch.device, hw: int, c: int) -> dict[str, tuple]:
+    """One representative op per class on a [1, c, hw, hw] map: (callable, multiply-adds, bytes moved)."""
     import torch.nn.functional as F
 
-    hw = 28 if quick else 56
-    flops, bandwidth = {}, {}
-    cases = {
-        "conv": (64, 64, 3, 1), "grouped_conv": (128, 128, 1, 4), "depthwise_conv": (128, 128, 3, 128),
+    x = torch.randn(1, c, hw, hw, device=device)
+    n = x.numel()
+    mean, var = torch.zeros(c, device=device), torch.ones(c, device=device)
+    w3, w1g, wdw = (torch.randn(c, c, 3, 3, device=device), torch.randn(c, c // 4, 1, 1, device=device),
+                    torch.randn(c, 1, 3, 3, device=device))
+    wl = torch.randn(c, c, device=device)
+    rows = x.reshape(-1, c)
+    return {
+        "conv": (lambda: F.conv2d(x, w3, padding=1), n * c * 9, 4 * (2 * n + w3.numel())),
+        "grouped_conv": (lambda: F.conv2d(x, w1g, groups=4), n * c // 4, 4 * (2 * n + w1g.numel())),
+        "depthwise_conv": (lambda: F.conv2d(x, wdw, padding=1, groups=c), n * 9, 4 * (2 * n + wdw.numel())),
+        "linear": (lambda: F.linear(rows, wl), rows.shape[0] * c * c, 4 * (2 * n + wl.numel())),
+        "norm": (lambda: F.batch_norm(x, mean, var, mean, var, False), 0, 2 * n * 4),
+        "activation": (lambda: F.relu(x), 0, 2 * n * 4),
+        "elementwise": (lambda: torch.add(x, x), 0, 2 * n * 4),
+        "pooling": (lambda: F.max_pool2d(x, 3, 2, 1), 0, n * 4 * 5 // 4),
+        "data_movement": (lambda: torch.cat([x, x], 1), 0, 4 * n * 4),
     }
-    for category, (c1, c2, k, g) in cases.items():
-        x = torch.randn(1, c1, hw, hw, device=device)
-        w = torch.randn(c2, c1 // g, k, k, device=device)
-        stats = time_fn(lambda: F.conv2d(x, w, padding=k // 2, groups=g), clock, warmup=2, min_repeats=5,
-                        budget_ms=budget_ms)
-        flops[category] = hw * hw * c2 * (c1 // g) * k * k / (stats.median_ms / 1e3)
-    x = torch.randn(1, 64, hw, hw, device=device)
-    mean, var = torch.zeros(64, device=device), torch.ones(64, device=device)
-    ops = {
-        "norm": (lambda: F.batch_norm(x, mean, var, mean, var, False), 2 * x.numel() * 4),
-        "activation": (lambda: F.relu(x), 2 * x.numel() * 4),
-        "elementwise": (lambda: torch.add(x, x), 2 * x.numel() * 4),
-        "pooling": (lambda: F.max_pool2d(x, 3, 2, 1), x.numel() * 4 * 5 // 4),
-        "data_movement": (lambda: torch.cat([x, x], 1), 4 * x.numel() * 4),
-    }
-    for category, (fn, nbytes) in ops.items():
-        stats = time_fn(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
-        bandwidth[category] = nbytes / (stats.median_ms / 1e3)
-    return flops, bandwidth
+
+
+def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict, dict]:
+    """What each op class reaches (float32, batch 1): multiply-adds/s or bytes/s on a 56x56 map with
+    64 channels, and its per-call overhead: the time of the same op on a 7x7 map (a late-stage
+    layer) beyond what those rates predict for it.
+
+    Dense, grouped and depthwise convolutions reach very different fractions of the matmul peak,
+    norms/activations/pools of the copy bandwidth, and on a CPU a small conv costs far more than a
+    small add just to set up; the roofline uses what each class reaches.
+    """
+    flops, bandwidth, overhead = {}, {}, {}
+    for category, (fn, macs, nbytes) in _class_ops(device, 28 if quick else 56, 64).items():
+        ms = time_fn(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms).median_ms
+        if macs:
+            flops[category] = macs / (ms / 1e3)
+        else:
+            bandwidth[category] = nbytes / (ms / 1e3)
+    for category, (fn, macs, nbytes) in _class_ops(device, 7, 64).items():
+        ms = time_fn(fn, clock, warmup=2, min_repeats=10, budget_ms=budget_ms / 4).median_ms
+        roof_ms = 1e3 * (macs / flops[category] if macs else nbytes / bandwidth[category])
+        overhead[category] = max(ms - roof_ms, 0.0)
+    return flops, bandwidth, overhead
 
 
 def calibrate(device: str | torch.device | None = None, threads: int | None = None, quick: bool = False,
@@ -243,10 +261,10 @@ def _calibrate(dev: torch.device, quick: bool, progress) -> DeviceProfile:
         say("launch overhead")
         overhead = _launch_overhead_ms(dev, clock)
         say("conv, norm, activation, pooling rates")
-        class_flops, class_bandwidth = _class_rates(dev, clock, budget / 2, quick)
+        class_flops, class_bandwidth, class_overhead = _class_rates(dev, clock, budget / 2, quick)
     return DeviceProfile(
         device=str(dev), name=device_name(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None,
         peak_flops=peak, bandwidth=bandwidth, launch_overhead_ms=overhead,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), torch_version=torch.__version__,
-        class_flops=class_flops, class_bandwidth=class_bandwidth,
+        class_flops=class_flops, class_bandwidth=class_bandwidth, class_overhead_ms=class_overhead,
     )
