@@ -44,7 +44,7 @@ class TableResult:
 
 def run_guidelines(device: str | None = None, scale: int = 1, batch: int | None = None,
                    tables: tuple[str, ...] = ("G1", "G2", "G3", "G4"), blocks: int = 10,
-                   budget_ms: float = 500.0, advance=None) -> tuple[str, list[TableResult]]:
+                   budget_ms: float = 1000.0, advance=None) -> tuple[str, list[TableResult]]:
     """Measure every probe of the chosen tables; returns (device description, results)."""
     from ..zoo import create_model, probes
 
