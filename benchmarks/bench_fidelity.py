@@ -1,4 +1,4 @@
-"""Fidelity of measurement and prediction, against the targets of the measurement issue.
+"""Fidelity of measurement and prediction, against the targets archscan sets itself.
 
 For each model: per-layer sum against end-to-end time, run-to-run spread of the end-to-end
 median over independent runs, Spearman rank correlation between predicted and measured
