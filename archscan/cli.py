@@ -115,7 +115,7 @@ def zoo_cmd(
 def calibrate_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available)")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="small problems and budgets (seconds, less accurate)")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="small problems and budgets: seconds, less accurate; replaces the cached profile")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
 ) -> None:
     """Measure this device once (matmul FLOP/s per dtype, bandwidth, launch overhead) and cache its profile."""
