@@ -136,7 +136,8 @@ def calibrate_cmd(
     typer.echo(f"bandwidth  {profile.bandwidth / 1e9:.1f} GB/s (large copy)")
     for cat, bw in profile.class_bandwidth.items():
         typer.echo(f"{cat:<10} {bw / 1e9:.1f} GB/s")
-    typer.echo(f"overhead   {profile.launch_overhead_ms * 1e3:.1f} us per kernel")
+    typer.echo(f"overhead   {profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
+        f"{cat} {ms * 1e3:.1f} us" for cat, ms in profile.class_overhead_ms.items()))
     typer.echo(f"saved      {path}")
 
 
