@@ -128,17 +128,20 @@ def calibrate_cmd(
     if as_json:
         typer.echo(json.dumps(profile.to_json(), indent=1))
         return
-    typer.echo(f"device     {profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""))
+    def line(label: str, text: str) -> None:
+        typer.echo(f"{label:<15}{text}")
+
+    line("device", f"{profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""))
     for dt, rate in profile.peak_flops.items():
-        typer.echo(f"matmul     {dt}: {fmt_count(rate)} multiply-adds/s")
+        line(f"matmul {dt}", f"{fmt_count(rate)} multiply-adds/s")
     for cat, rate in profile.class_flops.items():
-        typer.echo(f"{cat:<10} {fmt_count(rate)} multiply-adds/s (float32)")
-    typer.echo(f"bandwidth  {profile.bandwidth / 1e9:.1f} GB/s (large copy)")
+        line(cat, f"{fmt_count(rate)} multiply-adds/s (float32)")
+    line("bandwidth", f"{profile.bandwidth / 1e9:.1f} GB/s (large copy)")
     for cat, bw in profile.class_bandwidth.items():
-        typer.echo(f"{cat:<10} {bw / 1e9:.1f} GB/s")
-    typer.echo(f"overhead   {profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
+        line(cat, f"{bw / 1e9:.1f} GB/s")
+    line("overhead", f"{profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
         f"{cat} {ms * 1e3:.1f} us" for cat, ms in profile.class_overhead_ms.items()))
-    typer.echo(f"saved      {path}")
+    line("saved", str(path))
 
 
 @app.command("guidelines")
