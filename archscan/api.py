@@ -15,7 +15,7 @@ from .costs import CATEGORIES
 from .errors import ArchscanError
 from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, load_profile, measure_report, resolve_device
-from .results import ModuleReport, NodeReport, Report, Totals
+from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
 from .rules import run_rules, select_rules
 
 InputLike = InputSpec | str | Sequence[int] | torch.Tensor
@@ -254,8 +254,7 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
             types.setdefault(p, t)
         # every ancestor of the innermost module: containers such as ModuleList never run
         # a forward of their own, so they are not on the stack
-        parts = node.module.split(".") if node.module else []
-        paths = {""} | {p for p, _ in stack} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        paths = {p for p, _ in stack} | set(module_and_ancestors(node.module))
         for p in paths:
             a = agg.setdefault(p, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
             a["flops"] += node.flops
@@ -271,9 +270,7 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
         if id(p) in seen:
             continue
         seen.add(id(p))
-        parts = name.split(".")[:-1]
-        owners = [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-        for owner in owners:
+        for owner in module_and_ancestors(name.rpartition(".")[0]):
             params[owner] += p.numel()
             if name in unused_names:
                 unused[owner] += p.numel()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -27,26 +27,34 @@ def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _meta_to_fake(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
-    """Wrap a meta-device model's tensors as fake CPU tensors (shared ones stay shared)."""
-    cpu = torch.device("cpu")
+def _replace_tensors(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor],
+                     as_param: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                     skip: Callable[[torch.Tensor], bool] = lambda t: False) -> nn.Module:
+    """Replace every parameter and buffer ``t`` with ``convert(t)`` in place, each distinct tensor
+    once so shared ones stay shared; parameters are re-wrapped by ``as_param(new, old)``."""
     memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(store.items()):
+                if t is None or skip(t):
+                    continue
+                if id(t) not in memo:
+                    new = convert(t)
+                    memo[id(t)] = as_param(new, t) if is_param else new
+                store[name] = memo[id(t)]
+    return model
+
+
+def _meta_to_fake(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
+    """Wrap a meta-device model's tensors as fake CPU tensors."""
+    cpu = torch.device("cpu")
 
     def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in memo:
-            if not t.is_meta:
-                raise ValueError("a tensor of the model is not on the meta device")
-            memo[id(t)] = FakeTensor(fake_mode, t.detach(), cpu)
-        return memo[id(t)]
+        if not t.is_meta:
+            raise ValueError("a tensor of the model is not on the meta device")
+        return FakeTensor(fake_mode, t.detach(), cpu)
 
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                mod._parameters[name] = _as_parameter(fake(p))
-        for name, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[name] = fake(b)
-    return model
+    return _replace_tensors(model, fake, lambda new, old: _as_parameter(new))
 
 
 def _as_parameter(t: torch.Tensor) -> torch.Tensor:
@@ -60,23 +68,13 @@ def _as_parameter(t: torch.Tensor) -> torch.Tensor:
     return t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
 
 
+def _same_kind_of_param(new: torch.Tensor, old: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(new, requires_grad=old.requires_grad)
+
+
 def _fakeify(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
-    """Replace a real model's parameters and buffers with fake tensors (shared ones stay shared)."""
-    memo: dict[int, torch.Tensor] = {}
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in memo:
-            memo[id(t)] = fake_mode.from_tensor(t)
-        return memo[id(t)]
-
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                mod._parameters[name] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
-        for name, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[name] = fake(b)
-    return model
+    """Replace a real model's parameters and buffers with fake tensors."""
+    return _replace_tensors(model, lambda t: fake_mode.from_tensor(t.detach()), _same_kind_of_param)
 
 
 _INIT_METHODS = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_,
@@ -153,16 +151,8 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
 
     (``Module.to`` swaps tensors, which fake parameters of a copied module do not allow.)
     """
-    memo: dict[int, torch.Tensor] = {}
-    for mod in model.modules():
-        for store in (mod._parameters, mod._buffers):
-            for name, t in list(store.items()):
-                if t is None or not t.is_floating_point():
-                    continue
-                if id(t) not in memo:
-                    cast = t.detach().to(dtype)
-                    memo[id(t)] = nn.Parameter(cast, t.requires_grad) if isinstance(t, nn.Parameter) else cast
-                store[name] = memo[id(t)]
+    _replace_tensors(model, lambda t: t.detach().to(dtype), _same_kind_of_param,
+                     skip=lambda t: not t.is_floating_point())
 
 
 def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None) -> list[torch.Tensor]:

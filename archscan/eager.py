@@ -12,9 +12,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 import torch.nn as nn
-from torch.utils import _pytree as pytree
 
-from .costs import storage_key
+from .costs import storage_key, tensors_in
 from .errors import CaptureError
 from .loading import user_frame
 from .recording import NodeCosts, OpRecorder, first_tensor, python_stack, quiet, short
@@ -37,12 +36,10 @@ class _EagerGraphBuilder:
         for i, x in enumerate(inputs):
             node = self.graph.placeholder(f"input_{i}")
             self.produced[id(x)] = node
-            node.meta["archscan_out"] = x
         self.names = {id(m): n for n, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.recorder = recorder
         recorder.on_op = self.on_op
-        self.last_node: torch.fx.Node | None = None
 
     def _arg(self, a):
         if isinstance(a, torch.Tensor):
@@ -73,11 +70,9 @@ class _EagerGraphBuilder:
         if t is not None:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
         node.meta["archscan"] = costs
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self.produced[id(leaf)] = node
-                self.keep.append(leaf)
-        self.last_node = node
+        for leaf in tensors_in(out):
+            self.produced[id(leaf)] = node
+            self.keep.append(leaf)
 
     def pre_hook(self, module, args):
         self.stack.append(module)

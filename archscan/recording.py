@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import OpCost, cost_op, storage_key, tensors_in
@@ -61,15 +60,17 @@ class OpRecorder(TorchDispatchMode):
 
 
 def first_tensor(value) -> torch.Tensor | None:
-    for leaf in pytree.tree_leaves(value):
-        if isinstance(leaf, torch.Tensor):
-            return leaf
-    return None
+    return next(iter(tensors_in(value)), None)
 
 
 def shape_str(value) -> str:
-    shapes = [list(t.shape) for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+    shapes = [list(t.shape) for t in tensors_in(value)]
     return ", ".join(str(s) for s in shapes) if shapes else "no tensors"
+
+
+def is_user_file(fname: str) -> bool:
+    """Model code, as opposed to torch's, archscan's or generated code."""
+    return not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname
 
 
 @contextlib.contextmanager
@@ -98,7 +99,7 @@ def source_of(node: torch.fx.Node) -> str | None:
                 lineno = int(line.split("line ")[1].split(",")[0])
             except (IndexError, ValueError):
                 continue
-            if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+            if is_user_file(fname):
                 best = (fname, lineno)
     if best is None:
         return None
@@ -130,7 +131,7 @@ def python_stack() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         fname = frame.f_code.co_filename
-        if not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname:
+        if is_user_file(fname):
             return f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}'
         frame = frame.f_back
     return ""

@@ -8,6 +8,12 @@ from typing import Any
 SCHEMA = "archscan.report/1"
 
 
+def module_and_ancestors(path: str) -> list[str]:
+    """'a.b.c' -> ['', 'a', 'a.b', 'a.b.c']: every module whose subtree contains ``path``."""
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """One graph node (an fx node, an exported aten op, or a recorded eager op)."""

@@ -24,7 +24,8 @@ from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
 from ..recording import short
-from ..results import Report
+from ..costs import tensors_in
+from ..results import Report, module_and_ancestors
 from .profile import device_name, resolve_device
 from .timing import TimingStats, clock_for, time_fn
 
@@ -71,7 +72,7 @@ class _TimingInterpreter(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         result = super().run_node(n)
-        if n.op in ("call_function", "call_method", "call_module") and _has_tensor(result):
+        if n.op in ("call_function", "call_method", "call_module") and tensors_in(result):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             # in-place ops would keep changing the inputs later nodes read: time them on copies
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _clone_unless_param, (args, kwargs))
@@ -85,10 +86,6 @@ class _TimingInterpreter(torch.fx.Interpreter):
 
 def _clone_unless_param(t: torch.Tensor) -> torch.Tensor:
     return t if isinstance(t, torch.nn.Parameter) else t.clone()
-
-
-def _has_tensor(value) -> bool:
-    return any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(value))
 
 
 @contextlib.contextmanager
@@ -178,8 +175,12 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
                                       attrs={**n.attrs, "latency_spread": round(times[n.name].spread, 4)}
                                       if n.name in times else n.attrs)
                   for n in report.nodes)
-    modules = _module_latency(report, nodes) if times else _leaf_latency(report, leaf_ms)
-    per_layer = sum(n.latency_ms for n in nodes if n.latency_ms is not None) if times else sum(leaf_ms.values())
+    by_module: dict[str, float] = dict(leaf_ms)
+    for n in nodes:
+        if n.latency_ms is not None:
+            by_module[n.module] = by_module.get(n.module, 0.0) + n.latency_ms
+    modules = _module_latency(report, by_module)
+    per_layer = sum(by_module.values())  # node times, or leaf-module times for an eager capture
     batch = specs[0].shape[0] if specs and specs[0].shape else 1
     latency = {
         "device": str(device), "device_name": device_name(device),
@@ -207,14 +208,12 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Repo
     return dataclasses.replace(report, nodes=nodes, modules=modules, latency=latency)
 
 
-def _module_latency(report: Report, nodes) -> tuple:
+def _module_latency(report: Report, ms_by_module: dict[str, float]) -> tuple:
+    """Each module's latency: the sum over the modules (or nodes' modules) timed in its subtree."""
     sums: dict[str, float] = {}
-    for n in nodes:
-        if n.latency_ms is None:
-            continue
-        parts = n.module.split(".") if n.module else []
-        for path in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
-            sums[path] = sums.get(path, 0.0) + n.latency_ms
+    for path, ms in ms_by_module.items():
+        for p in module_and_ancestors(path):
+            sums[p] = sums.get(p, 0.0) + ms
     return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
 
 
@@ -247,15 +246,6 @@ def _leaf_module_times(model: torch.nn.Module, inputs, clock, runs: int = 7) -> 
             h.remove()
     # a module called k times per pass contributes k samples per run: its per-pass time is their sum / runs
     return {n: sorted(v)[len(v) // 2] * len(v) / runs for n, v in samples.items() if v}
-
-
-def _leaf_latency(report: Report, leaf_ms: dict[str, float]) -> tuple:
-    sums: dict[str, float] = {}
-    for path, ms in leaf_ms.items():
-        parts = path.split(".")
-        for p in {""} | {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
-            sums[p] = sums.get(p, 0.0) + ms
-    return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
 
 
 def _sweep(model, inputs, clock, device: torch.device, options: MeasureOptions) -> dict:
