@@ -21,6 +21,10 @@ from .rules import run_rules, select_rules
 InputLike = InputSpec | str | Sequence[int] | torch.Tensor
 
 
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, torch.Size) or (isinstance(x, (tuple, list)) and all(isinstance(d, int) for d in x))
+
+
 def _to_spec(x: InputLike) -> InputSpec:
     if isinstance(x, InputSpec):
         return x
@@ -28,7 +32,7 @@ def _to_spec(x: InputLike) -> InputSpec:
         return parse_input_spec(x)
     if isinstance(x, torch.Tensor):
         return InputSpec(tuple(int(s) for s in x.shape), x.dtype)
-    if isinstance(x, torch.Size) or (isinstance(x, (tuple, list)) and all(isinstance(d, int) for d in x)):
+    if _is_shape(x):
         return InputSpec(tuple(int(d) for d in x))
     raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
 
@@ -68,10 +72,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
     """
-    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (
-        isinstance(inputs, (tuple, list, torch.Size)) and inputs and all(isinstance(d, int) for d in inputs)
-    ):
-        inputs = [inputs]
+    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
+        inputs = [inputs]  # one input, not a list of them
     specs = [_to_spec(x) for x in inputs]
     if not specs:
         raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")

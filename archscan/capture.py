@@ -152,7 +152,6 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
     """
     kwargs = kwargs or {}
     failures: dict[str, str] = {}
-    notes: list[str] = []
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     if method in ("auto", "fx", "export"):
         model = build_fake(target, kwargs, dtype, fake_mode)
@@ -184,18 +183,20 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
                     raise ArchscanError(failure.describe(), hint=hint) from failure.exc
                 failures[kind] = f"graph did not run: {short(failure.exc)}"
                 continue
-            if failures:
-                notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
-            return Captured(gm, kind, model, notes, names, numel, failures, _was_training(target))
+            return Captured(gm, kind, model, _notes(failures), names, numel, failures, _was_training(target))
     # eager: a real run on a random input
     model = build_real(target, kwargs, dtype)
     _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
     inputs = make_inputs(specs, dtype)
     gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
-    notes.append("; ".join(f"{k} failed ({v})" for k, v in failures.items()))
-    notes.append("eager capture: the analysis covers the path the model took for one random input")
-    return Captured(gm, "eager", model, [n for n in notes if n], names, numel, failures, _was_training(target))
+    notes = _notes(failures) + ["eager capture: the analysis covers the path the model took for one random input"]
+    return Captured(gm, "eager", model, notes, names, numel, failures, _was_training(target))
+
+
+def _notes(failures: dict[str, str]) -> list[str]:
+    """One line naming the captures that failed and why (none when nothing failed)."""
+    return ["; ".join(f"{k} failed ({v})" for k, v in failures.items())] if failures else []
 
 
 def _was_training(target: ModelTarget) -> bool:
