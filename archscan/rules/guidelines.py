@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from ..graph import ELEMENTWISE_CATEGORIES, elementwise_mac_bytes, find_blocks, is_elementwise
+from ..graph import ELEMENTWISE_CATEGORIES, elementwise_mac_bytes, is_elementwise
 from ..results import Finding, NodeReport
 from .context import RuleContext, dtype_size
 
@@ -51,11 +51,6 @@ def g2_reference(a: int, b: int, c1: int, c2: int, k: int, g: int) -> float:
     return a * c1 + b * c2 / g + k * c1 * (c2 / g)
 
 
-def _itemsize(n: NodeReport) -> int:
-    """Bytes per element of the node's output dtype."""
-    return dtype_size(n.dtype)
-
-
 def _convs(ctx: RuleContext) -> list[NodeReport]:
     return [n for n in ctx.report.nodes if n.category in CONV_CATEGORIES and "in_channels" in n.attrs
             and not n.attrs.get("transposed")]
@@ -76,7 +71,7 @@ def check_g1(ctx: RuleContext) -> list[Finding]:
         terms = conv_mac_terms(n)
         mac, bound = conv_mac_elements(*terms), g1_lower_bound(*terms)
         ratio = mac / bound
-        excess = (mac - bound) * _itemsize(n)
+        excess = (mac - bound) * dtype_size(n.dtype)
         if ratio < G1_MIN_RATIO or excess < RELEVANT_SHARE * total_mac:
             continue
         _, _, c1, c2, _, _ = terms
@@ -104,7 +99,7 @@ def check_g2(ctx: RuleContext) -> list[Finding]:
             continue
         mac, ref = conv_mac_elements(*terms), g2_reference(*terms)
         ratio = mac / ref
-        extra = (mac - ref) * _itemsize(n)
+        extra = (mac - ref) * dtype_size(n.dtype)
         if ratio < G2_MIN_RATIO or extra < RELEVANT_SHARE * total_mac:
             continue
         depthwise = n.category == "depthwise_conv"
@@ -183,5 +178,4 @@ def check_g4(ctx: RuleContext) -> list[Finding]:
     )]
 
 
-__all__ = ["check_g1", "check_g2", "check_g3", "check_g4", "conv_mac_terms", "g1_lower_bound", "g2_reference",
-           "ELEMENTWISE_CATEGORIES", "find_blocks"]
+__all__ = ["check_g1", "check_g2", "check_g3", "check_g4", "conv_mac_terms", "g1_lower_bound", "g2_reference"]
