@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any, Callable, Sequence
 
@@ -12,9 +13,10 @@ from torch.fx.node import _get_qualified_name
 
 from .capture import Captured, NodeCosts, capture, module_stack, source_of
 from .costs import CATEGORIES
-from .errors import ArchscanError
+from .errors import ArchscanError, DeviceError
 from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
-from .measure import DeviceProfile, MeasureOptions, apply_predictions, load_profile, measure_report, resolve_device
+from .measure import (DeviceProfile, MeasureOptions, ProfileError, apply_predictions, check_options, load_profile,
+                      measure_report, resolve_device)
 from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
 from .rules import run_rules, select_rules
 
@@ -81,23 +83,33 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         dtype = parse_dtype(dtype)
     if dtype is not None and not dtype.is_floating_point:
         raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
+    options = MeasureOptions() if measure is True else measure or None
+    if options is not None:
+        check_options(options)  # a device that is not there fails now, not after the analysis
     target = _to_target(model, name)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
-    report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, measure, profile)
+    try:
+        report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile)
+    except DeviceError as exc:
+        exc.report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, None, profile)
+        exc.report = run_rules(exc.report, selected) if selected else exc.report
+        raise
     return run_rules(report, selected) if selected else report  # last: some rules read measurements
 
 
-def _measure_and_predict(report, target, specs, kwargs, dtype, measure, profile) -> Report:
-    options = MeasureOptions() if measure is True else measure or None
+def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile) -> Report:
     if options is not None:
         report = measure_report(report, target, specs, kwargs, dtype, options)
     if profile is False:
         return report
     if profile is None or profile is True:
         device = resolve_device(options.device if options is not None else None)
-        profile = load_profile(device, options.threads if options is not None else None)
+        try:
+            profile = load_profile(device, options.threads if options is not None else None)
+        except ProfileError as exc:  # a damaged cache costs the predictions, not the analysis
+            return dataclasses.replace(report, warnings=report.warnings + (str(exc),))
     return apply_predictions(report, profile) if profile is not None else report
 
 

@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
 from .errors import ArchscanError, CaptureError
-from .loading import InputSpec, ModelTarget, user_frame
+from .frames import at
+from .loading import InputSpec, ModelTarget
 from .recording import quiet
 
 
@@ -130,7 +131,7 @@ def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None) -> 
         raise
     except Exception as exc:
         raise CaptureError(
-            f"building {target.name} failed at {user_frame(exc, target.source_file)}: {type(exc).__name__}: {exc}"
+            f"building {target.name} failed{at(exc, target.source_file)}: {type(exc).__name__}: {exc}"
         ) from exc
     model.eval()
     if dtype is not None:

@@ -29,8 +29,9 @@ from .building import build_fake, build_real, make_inputs
 from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError
+from .frames import short
 from .loading import InputSpec, ModelTarget
-from .recording import (NodeCosts, OpRecorder, first_tensor, module_stack, python_stack, quiet, shape_str, short,
+from .recording import (NodeCosts, OpRecorder, first_tensor, module_stack, python_stack, quiet, shape_str,
                         source_of)
 
 __all__ = ["Captured", "NodeCosts", "capture", "module_stack", "source_of", "trace_export", "trace_fx"]

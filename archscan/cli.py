@@ -6,76 +6,96 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Annotated, Optional
 
 import typer
 
-from .errors import ArchscanError
+from .errors import ArchscanError, DeviceError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="archscan: why a PyTorch model is slow, and what to change.\n\n"
-                       "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)")
+                       "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
+                       "Add --debug to any command to see the traceback of an error.")
 
 _SUBCOMMANDS = {"scan", "zoo", "calibrate", "guidelines"}
-_state = {"debug": False}
 
 
 @app.command("scan")
 def scan_cmd(
     model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
     input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224 or 1,128:int64; repeat for several inputs (zoo models have a default)")] = None,
-    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value (Python literals)")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="run the model in this dtype: float32, bfloat16, float16")] = None,
-    depth: Annotated[int, typer.Option("--depth", "-d", help="module hierarchy depth of the table")] = 2,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value (Python literals; quote strings: act='relu')")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="run the model in this dtype: float32, bfloat16, float16, float64")] = None,
+    depth: Annotated[int, typer.Option("--depth", "-d", min=0, help="module hierarchy depth of the table")] = 2,
     nodes: Annotated[bool, typer.Option("--nodes", help="list every graph node instead of the module table")] = False,
     capture: Annotated[str, typer.Option("--capture", help="auto (fx, then export, then eager), fx, export or eager")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout; the model's own output goes to stderr")] = False,
     measure: Annotated[bool, typer.Option("--measure", help="time the real model per node and end to end")] = False,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available)")] = None,
-    amp: Annotated[Optional[str], typer.Option("--amp", help="measure under autocast: bf16 or fp16")] = None,
-    channels_last: Annotated[bool, typer.Option("--channels-last", help="measure in channels_last memory format")] = False,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads when measuring on the CPU")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available); without --measure, whose calibrated profile predicts latency")] = None,
+    amp: Annotated[Optional[str], typer.Option("--amp", help="with --measure: measure under autocast, bf16 or fp16")] = None,
+    channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
     rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
     skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, guideline findings."""
-    from .api import scan
-    from .loading import parse_kwargs, resolve_target
-    from .report import render_text
-
-    _state["debug"] = debug
+    # every option is checked before the model is imported or built: a typo costs no analysis
     if capture not in ("auto", "fx", "export", "eager"):
         raise ArchscanError(f"unknown --capture {capture!r}", hint="use auto, fx, export or eager")
-    target = resolve_target(model)
-    specs = list(input or target.default_inputs)
-    if not specs:
-        raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224 (repeat for several inputs)")
+    if fail_on is not None and fail_on not in _SEVERITIES:
+        raise ArchscanError(f"unknown --fail-on {fail_on!r}", hint="use info, warning or error")
+    needs_measure = [flag for flag, given in (("--amp", amp), ("--channels-last", channels_last), ("--sweep", sweep))
+                     if given]
+    if needs_measure and not measure:
+        raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure")
+
+    from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
+    from .measure import MeasureOptions, ProfileError, check_options, load_profile, resolve_device
     from .rules import SEVERITIES, select_rules, worst_severity
 
-    if fail_on is not None and fail_on not in SEVERITIES:
-        raise ArchscanError(f"unknown --fail-on {fail_on!r}", hint="use info, warning or error")
-    from .errors import DeviceError
-    from .measure import MeasureOptions
-
+    model_dtype = parse_dtype(dtype) if dtype is not None else None
+    specs = [parse_input_spec(s) for s in input or []]
+    constructor_kwargs = parse_kwargs(kwargs)
     selected = select_rules(_csv(rules), _csv(skip_rules))
-    options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads,
-                             sweep=sweep) if measure else None
-    device_error = None
-    try:
-        report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model,
-                      rules=selected, measure=options)
-    except DeviceError as exc:  # the static report still prints
-        device_error = exc
-        report = scan(target, specs, kwargs=parse_kwargs(kwargs), dtype=dtype, capture_method=capture, name=model,
-                      rules=selected, profile=False)
+    options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads, sweep=sweep)
+    where = check_options(options)[0] if device is not None or measure else None
+    options = options if measure else None
+
+    from .api import scan
+
+    with _model_output(as_json):
+        target = resolve_target(model)
+        if not specs:
+            specs = [parse_input_spec(s) for s in target.default_inputs]
+        if not specs:
+            raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224 (repeat for several inputs)")
+        # without --measure, --device/--threads name the calibrated profile that predicts latency
+        profile, warnings = None, []
+        if not measure and (where is not None or threads):
+            try:
+                profile = load_profile(where or resolve_device(None), threads) or False
+            except ProfileError as exc:
+                profile, warnings = False, [str(exc)]
+        try:
+            report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
+                                        capture_method=capture, name=model, rules=selected, measure=options,
+                                        profile=profile), None
+        except DeviceError as exc:
+            if exc.report is None:
+                raise
+            report, device_error = exc.report, exc  # the measurement failed; the static report stands
+    for warning in warnings + list(report.warnings):
+        typer.echo(f"archscan: warning: {warning}", err=True)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
+        from .report import render_text
+
         typer.echo(render_text(report, depth=depth, per_node=nodes))
     if device_error is not None:
         raise device_error
@@ -83,6 +103,19 @@ def scan_cmd(
     if fail_on is not None and worst is not None and SEVERITIES.index(worst) >= SEVERITIES.index(fail_on):
         typer.echo(f"archscan: {worst} findings at or above --fail-on {fail_on}", err=True)
         raise typer.Exit(1)
+
+
+_SEVERITIES = ("info", "warning", "error")  # archscan.rules.SEVERITIES, without importing torch to check an option
+
+
+@contextlib.contextmanager
+def _model_output(as_json: bool):
+    """With --json, stdout carries the report alone: what the model prints goes to stderr."""
+    if not as_json:
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def _csv(text: str | None) -> list[str]:
@@ -114,41 +147,53 @@ def zoo_cmd(
 @app.command("calibrate")
 def calibrate_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available)")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="small problems and budgets: seconds, less accurate; replaces the cached profile")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
 ) -> None:
     """Measure this device once (matmul FLOP/s per dtype, bandwidth, launch overhead) and cache its profile."""
-    from .measure import calibrate, save_profile
-    from .report.text import fmt_count
+    from .measure import calibrate, check_profile_dir, resolve_device, save_profile
 
+    where = resolve_device(device)
+    if threads and where.type != "cpu":
+        raise ArchscanError("--threads applies to the CPU only", hint=f"drop it or use --device cpu, not {device}")
+    check_profile_dir()  # before minutes of measuring, not after
     with _status("calibrating") as say:
-        profile = calibrate(device, threads=threads, quick=quick, progress=say)
-    path = save_profile(profile)
+        profile = calibrate(where, threads=threads, quick=quick, progress=say)
+    try:
+        path, save_error = save_profile(profile), None
+    except OSError as exc:  # the measurement is printed all the same
+        path, save_error = None, ArchscanError(f"the profile could not be saved: {exc}",
+                                               hint="set ARCHSCAN_CACHE_DIR to a writable directory")
     if as_json:
         typer.echo(json.dumps(profile.to_json(), indent=1))
-        return
-    def line(label: str, text: str) -> None:
-        typer.echo(f"{label:<15}{text}")
+    else:
+        typer.echo(_profile_text(profile, path))
+    if save_error is not None:
+        raise save_error
 
-    line("device", f"{profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""))
-    for dt, rate in profile.peak_flops.items():
-        line(f"matmul {dt}", f"{fmt_count(rate)} multiply-adds/s")
-    for cat, rate in profile.class_flops.items():
-        line(cat, f"{fmt_count(rate)} multiply-adds/s (float32)")
-    line("bandwidth", f"{profile.bandwidth / 1e9:.1f} GB/s (large copy)")
-    for cat, bw in profile.class_bandwidth.items():
-        line(cat, f"{bw / 1e9:.1f} GB/s")
-    line("overhead", f"{profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
-        f"{cat} {ms * 1e3:.1f} us" for cat, ms in profile.class_overhead_ms.items()))
-    line("saved", str(path))
+
+def _profile_text(profile, path) -> str:
+    """A calibrated profile as aligned label/value lines."""
+    from .report.text import fmt_count
+
+    rows = [("device", f"{profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""))]
+    rows += [(f"matmul {dt}", f"{fmt_count(rate)} multiply-adds/s") for dt, rate in profile.peak_flops.items()]
+    rows += [(cat, f"{fmt_count(rate)} multiply-adds/s (float32)") for cat, rate in profile.class_flops.items()]
+    rows.append(("bandwidth", f"{profile.bandwidth / 1e9:.1f} GB/s (large copy)"))
+    rows += [(cat, f"{bw / 1e9:.1f} GB/s") for cat, bw in profile.class_bandwidth.items()]
+    rows.append(("overhead", f"{profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
+        f"{cat} {ms * 1e3:.1f} us" for cat, ms in profile.class_overhead_ms.items())))
+    rows.append(("saved", str(path) if path is not None else "not saved"))
+    width = max(len(label) for label, _ in rows) + 2
+    return "\n".join(f"{label:<{width}}{value}" for label, value in rows)
 
 
 @app.command("guidelines")
 def guidelines_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available)")] = None,
     scale: Annotated[int, typer.Option("--scale", help="the paper's channel multiplier: 1, 2 or 4")] = 1,
-    batch: Annotated[Optional[int], typer.Option("--batch", help="batch size (default 8 on GPU, 1 on CPU)")] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", min=1, help="batch size (default 8 on GPU, 1 on CPU)")] = None,
     tables: Annotated[str, typer.Option("--tables", help="which tables, e.g. G1,G3")] = "G1,G2,G3,G4",
     as_json: Annotated[bool, typer.Option("--json", help="print the results as JSON")] = False,
 ) -> None:
@@ -162,11 +207,15 @@ def guidelines_cmd(
     if scale not in (1, 2, 4):
         raise ArchscanError(f"--scale {scale} is not one of the paper's columns", hint="use 1, 2 or 4")
     chosen = tuple(_csv(tables))
+    if not chosen:
+        raise ArchscanError("--tables names no table", hint="use G1, G2, G3, G4 (comma-separated)")
     unknown = [t for t in chosen if t not in ("G1", "G2", "G3", "G4")]
     if unknown:
         raise ArchscanError(f"unknown table(s) {', '.join(unknown)}", hint="use G1, G2, G3, G4")
+    from .measure import resolve_device
     from .zoo import probes
 
+    resolve_device(device)
     total = sum(len(probes.TABLES[t]) for t in chosen)
     with _bar(total, "measuring probes") as advance:
         where, results = run_guidelines(device, scale=scale, batch=batch, tables=chosen, advance=advance)
@@ -192,9 +241,6 @@ def guidelines_cmd(
                    f"{'the same' if t.same_fastest else 'different'}")
 
 
-import contextlib  # noqa: E402
-
-
 @contextlib.contextmanager
 def _status(label: str):
     """A spinner on stderr while something takes a while (terminals only)."""
@@ -216,38 +262,87 @@ def _bar(total: int, label: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: ``archscan MODEL ...`` runs ``scan``; ``archscan zoo`` etc. sit beside it."""
+    """Console entry point: ``archscan MODEL ...`` runs ``scan``; ``archscan zoo`` etc. sit beside it.
+
+    Returns the exit code (README, "Exit codes"): 0 done, 1 findings at or above ``--fail-on``,
+    2 bad usage or input, 3 the model's code failed or could not be captured, 4 a device problem,
+    5 an internal error of archscan's, 130 interrupted.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    if not args:
+        return _fail("no model given", "usage: archscan MODEL --input 1,3,224,224; `archscan --help` lists the commands", 2)
+    if args == ["--version"]:
+        from importlib.metadata import version
+
+        typer.echo(f"archscan {version('archscan')}")
+        return 0
     first = next((a for a in args if not a.startswith("-")), None)
-    if first is not None and first not in _SUBCOMMANDS and args and args[0] not in ("--help", "-h"):
+    if first is not None and first not in _SUBCOMMANDS and args[0] not in ("--help", "-h"):
         args = ["scan", *args]
     try:
         rc = app(args=args, prog_name="archscan", standalone_mode=False)
-        if isinstance(rc, int) and rc:
-            return rc  # typer.Exit(code) comes back as a return value when not standalone
-    except ArchscanError as exc:
-        if _state["debug"] or "--debug" in args:
-            raise
-        typer.echo(f"archscan: error: {exc}", err=True)
-        return exc.exit_code
-    except typer.Exit as exc:
-        return exc.exit_code
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    except KeyboardInterrupt:
+        return rc if isinstance(rc, int) else 0  # typer.Exit(code) comes back as a return value
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("archscan: interrupted", err=True)
         return 130
-    except Exception as exc:  # click usage errors and anything unforeseen: one line, no traceback
-        import click
+    except typer.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:  # only model code exits: archscan and typer do not
+        from .frames import exit_error
 
-        if isinstance(exc, click.exceptions.ClickException):
-            typer.echo(f"archscan: error: {exc.format_message()}", err=True)
-            return exc.exit_code
-        if "--debug" in args:
-            raise
-        typer.echo(f"archscan: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
-        return 1
-    return 0
+        return _report(exit_error(exc, "running the model"), debug)
+    except ArchscanError as exc:
+        return _report(exc, debug)
+    except Exception as exc:
+        return _report(_unforeseen(exc), debug)
+
+
+def _report(exc: ArchscanError, debug: bool) -> int:
+    """One line on stderr (the traceback under --debug) and the error's exit code."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(exc.__cause__ or exc)
+    typer.echo(f"archscan: error: {' '.join(str(exc).split())}", err=True)
+    return exc.exit_code
+
+
+def _fail(message: str, hint: str, code: int) -> int:
+    error = ArchscanError(message, hint=hint)
+    error.exit_code = code
+    return _report(error, False)
+
+
+def _usage_error_type() -> type:
+    """click's ClickException, found from typer's public BadParameter: typer >= 0.29 ships its own
+    copy of click (``typer._click``) and older versions use click itself."""
+    return next((c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"), typer.BadParameter)
+
+
+def _unforeseen(exc: Exception) -> ArchscanError:
+    """An exception nobody turned into an ArchscanError: a usage error of the command line, the
+    model's own code failing, running out of memory, or a bug in archscan."""
+    if isinstance(exc, _usage_error_type()):
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "archscan"
+        error = ArchscanError(exc.format_message(), hint=f"see `{command} --help`")
+        error.exit_code = getattr(exc, "exit_code", 2) or 2
+        return error
+    from .errors import CaptureError, InternalError
+    from .frames import short, user_frame
+
+    text = str(exc)
+    if isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text:
+        error: ArchscanError = DeviceError(f"out of memory: {short(exc)}", hint="use a smaller --input")
+    elif (loc := user_frame(exc)) is not None:
+        error = CaptureError(f"the model's code failed at {loc}: {short(exc)}", hint="run with --debug for the traceback")
+    else:
+        error = InternalError(f"internal error: {short(exc)}",
+                              hint="a bug in archscan: run with --debug for the traceback and report it")
+    error.__cause__ = exc
+    return error
 
 
 def entry() -> None:

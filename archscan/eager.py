@@ -15,8 +15,8 @@ import torch.nn as nn
 
 from .costs import storage_key, tensors_in
 from .errors import CaptureError
-from .loading import user_frame
-from .recording import NodeCosts, OpRecorder, first_tensor, python_stack, quiet, short
+from .frames import at, short
+from .recording import NodeCosts, OpRecorder, first_tensor, python_stack, quiet
 
 
 class _EagerGraphBuilder:
@@ -102,7 +102,7 @@ def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys:
             m = builder.stack[-1]
             where = f" in layer {builder.names.get(id(m), '')!r} ({type(m).__name__})"
         raise CaptureError(
-            f"the model cannot run{where} at {user_frame(exc, source_file)}: {short(exc)}"
+            f"the model cannot run{where}{at(exc, source_file)}: {short(exc)}"
         ) from exc
     finally:
         pre.remove()

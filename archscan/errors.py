@@ -6,7 +6,9 @@ from __future__ import annotations
 class ArchscanError(Exception):
     """A problem with the user's model, input spec or environment.
 
-    The CLI prints `str(error)` as one line on stderr and exits with `exit_code`.
+    The CLI prints `str(error)` as one line on stderr and exits with `exit_code`:
+    2 bad usage or input, 3 the model's code failed or could not be captured, 4 a device
+    problem, 5 an internal error (1 is findings at ``--fail-on``, 130 an interrupt).
     """
 
     exit_code = 2
@@ -21,12 +23,23 @@ class ArchscanError(Exception):
 
 
 class CaptureError(ArchscanError):
-    """The model could not be captured or run at all."""
+    """The model's own code failed (import, constructor, forward, ``sys.exit``), or it could not
+    be captured or run at all."""
 
     exit_code = 3
 
 
 class DeviceError(ArchscanError):
-    """A device is missing, out of memory or failed."""
+    """A device is missing, out of memory or failed.
+
+    When a measurement fails after the static analysis, ``report`` holds that analysis.
+    """
 
     exit_code = 4
+    report = None
+
+
+class InternalError(ArchscanError):
+    """A failure inside archscan itself: a bug to report."""
+
+    exit_code = 5

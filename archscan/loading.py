@@ -13,18 +13,21 @@ anything that is not a literal is taken as a string).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
-import importlib.util
 import inspect
+import io
 import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
-from .errors import ArchscanError
+from .errors import ArchscanError, CaptureError
+from .frames import at, exit_error, short
 
 _DTYPE_ALIASES = {
     "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
@@ -186,46 +189,52 @@ def _candidates(namespace: dict[str, Any]) -> list[str]:
 
 
 def _load_file(path: str) -> Any:
+    """Import a Python file as a module, the way ``python path`` would see it (its own directory on
+    ``sys.path``, ``sys.argv == [path]``); source encodings are read as import reads them."""
     if not os.path.exists(path):
         raise ArchscanError(f"model file not found: {path}", hint="check the path before ':'")
     if not os.path.isfile(path):
-        raise ArchscanError(f"not a file: {path}")
+        raise ArchscanError(f"not a file: {path}", hint="give the Python file that defines the model before ':'")
     abspath = os.path.abspath(path)
-    mod_name = "_archscan_user_" + os.path.splitext(os.path.basename(abspath))[0].replace("-", "_")
+    try:
+        with open(abspath, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        raise ArchscanError(f"cannot read model file {path}: {exc.strerror or exc}",
+                            hint="check the file's permissions") from exc
+    try:
+        code = compile(source, abspath, "exec", dont_inherit=True)  # bytes: BOM and coding cookies honoured
+    except SyntaxError as exc:
+        if b"\0" in source or "null bytes" in str(exc.msg) or "decode" in str(exc.msg):
+            raise CaptureError(f"{path} is not Python source ({exc.msg})",
+                               hint="point archscan at the .py file that defines the model") from exc
+        raise CaptureError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    except ValueError as exc:  # null bytes on older Pythons
+        raise CaptureError(f"{path} is not Python source ({exc})",
+                           hint="point archscan at the .py file that defines the model") from exc
+    stem = os.path.splitext(os.path.basename(abspath))[0]
+    mod_name = "_archscan_user_" + "".join(c if c.isalnum() else "_" for c in stem)
     directory = os.path.dirname(abspath)
     if directory not in sys.path:
         sys.path.insert(0, directory)
-    try:
-        with open(abspath, encoding="utf-8") as fh:
-            compile(fh.read(), abspath, "exec")
-    except SyntaxError as exc:
-        raise ArchscanError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
-    spec = importlib.util.spec_from_file_location(mod_name, abspath)
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(mod_name)
+    module.__file__ = abspath
     sys.modules[mod_name] = module
+    argv, sys.argv = sys.argv, [abspath]
+    stderr = io.StringIO()
     try:
-        spec.loader.exec_module(module)
+        with contextlib.redirect_stderr(stderr):
+            exec(code, module.__dict__)
     except Exception as exc:  # the user's module failed at import time
-        raise ArchscanError(f"importing {path} failed at {user_frame(exc, abspath)}: {type(exc).__name__}: {exc}") from exc
+        sys.modules.pop(mod_name, None)
+        raise CaptureError(f"importing {path} failed{at(exc, abspath)}: {short(exc)}") from exc
+    except SystemExit as exc:
+        sys.modules.pop(mod_name, None)
+        raise exit_error(exc, f"importing {path}", abspath, stderr.getvalue()) from None
+    finally:
+        sys.argv = argv
+    sys.stderr.write(stderr.getvalue())  # what the module said while importing, once it is known to import
     return module
-
-
-def user_frame(exc: BaseException, prefer_file: str | None = None) -> str:
-    """'file.py:LINE' of the innermost traceback frame outside torch and archscan."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    best = None
-    for fr in frames:
-        fn = fr.filename
-        if prefer_file and os.path.abspath(fn) == prefer_file:
-            best = fr
-        elif best is None or not prefer_file:
-            if f"{os.sep}torch{os.sep}" not in fn and f"{os.sep}archscan{os.sep}" not in fn and "<" not in fn:
-                best = fr
-    if best is None and frames:
-        best = frames[-1]
-    return f"{os.path.relpath(best.filename)}:{best.lineno}" if best else "<unknown>"
 
 
 def resolve_target(target: str) -> ModelTarget:

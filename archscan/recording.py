@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -15,9 +14,8 @@ import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import OpCost, cost_op, storage_key, tensors_in
+from .frames import is_user_file, where
 
-_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 @dataclass
@@ -68,11 +66,6 @@ def shape_str(value) -> str:
     return ", ".join(str(s) for s in shapes) if shapes else "no tensors"
 
 
-def is_user_file(fname: str) -> bool:
-    """Model code, as opposed to torch's, archscan's or generated code."""
-    return not fname.startswith(_TORCH_DIR) and not fname.startswith(_THIS_DIR) and "<" not in fname
-
-
 @contextlib.contextmanager
 def quiet():
     """Silence torch's logging and warnings while a capture attempt may fail noisily."""
@@ -101,15 +94,7 @@ def source_of(node: torch.fx.Node) -> str | None:
                 continue
             if is_user_file(fname):
                 best = (fname, lineno)
-    if best is None:
-        return None
-    fname, lineno = best
-    try:
-        rel = os.path.relpath(fname)
-        fname = rel if not rel.startswith("..") else fname
-    except ValueError:
-        pass
-    return f"{fname}:{lineno}"
+    return where(*best) if best is not None else None
 
 
 def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
@@ -135,9 +120,3 @@ def python_stack() -> str:
             return f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}'
         frame = frame.f_back
     return ""
-
-
-def short(exc: BaseException) -> str:
-    """'TypeName: first line of the message'."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()

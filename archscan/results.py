@@ -122,6 +122,7 @@ class Report:
     unused_param_names: tuple[str, ...] = ()
     host_constants: tuple[dict, ...] = ()   # tensors built on the host in forward (fx constants)
     training: bool = False                  # the module given was in train mode
+    warnings: tuple[str, ...] = ()          # what limited the analysis (a damaged device profile, ...)
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -155,6 +156,7 @@ class Report:
             "uncounted": dict(self.uncounted),
             "findings": [asdict(f) for f in self.findings],
             "recommendations": list(self.recommendations),
+            "warnings": list(self.warnings),
         }
         if self.latency is not None:
             out["latency"] = self.latency

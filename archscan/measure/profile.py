@@ -15,13 +15,18 @@ import json
 import os
 import platform
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import DeviceError
+from ..errors import ArchscanError, DeviceError
 from .timing import Clock, clock_for, time_fn
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,21 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, data: dict) -> "DeviceProfile":
-        fields = {f.name for f in dataclasses.fields(cls)}
+        """The profile ``to_json`` wrote; ValueError when ``data`` is not one."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a profile is a JSON object, not {type(data).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        required = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        rates = [data["peak_flops"], data.get("class_flops", {}), data.get("class_bandwidth", {}),
+                 data.get("class_overhead_ms", {})]
+        numbers = [data["bandwidth"], data["launch_overhead_ms"]]
+        if not all(isinstance(r, dict) and all(_is_number(v) for v in r.values()) for r in rates) \
+                or not data["peak_flops"] or not all(_is_number(v) for v in numbers) or data["bandwidth"] <= 0:
+            raise ValueError("rates are not positive numbers")
         return cls(**{k: v for k, v in data.items() if k in fields})
 
 
@@ -119,22 +138,51 @@ def profile_path(key: str) -> Path:
     return cache_dir() / "profiles" / f"{key}.json"
 
 
+def check_profile_dir(directory: Path | None = None) -> Path:
+    """The profile directory, created if need be; an error now if a profile could not be written there."""
+    directory = directory or cache_dir() / "profiles"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise ArchscanError(f"cannot save device profiles in {directory}: {exc.strerror or exc}",
+                            hint="set ARCHSCAN_CACHE_DIR to a writable directory") from exc
+    return directory
+
+
 def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
+    """Write the profile as JSON; atomically, so a failed write leaves the previous profile whole."""
     path = path or profile_path(profile.key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.to_json(), indent=1))
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
+        fh.write(json.dumps(profile.to_json(), indent=1))
+    os.replace(fh.name, path)
     return path
 
 
+class ProfileError(ArchscanError):
+    """A cached device profile that cannot be read: the static analysis goes on without predictions."""
+
+
 def load_profile(device: torch.device, threads: int | None = None, path: Path | None = None) -> DeviceProfile | None:
-    """The cached profile of this device (and CPU thread count), or None."""
+    """The cached profile of this device (and CPU thread count), or None when there is none.
+
+    Raises:
+        ProfileError: the cached file is unreadable or damaged (names the file).
+    """
     if path is None:
         threads = threads if device.type == "cpu" else None
         path = profile_path(profile_key(str(device), device_name(device), threads or torch.get_num_threads()
                                         if device.type == "cpu" else None))
     if not path.exists():
         return None
-    return DeviceProfile.from_json(json.loads(path.read_text()))
+    try:
+        return DeviceProfile.from_json(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProfileError(f"the device profile {path} cannot be read ({why}); latency predictions skipped",
+                           hint="run `archscan calibrate` again") from exc
 
 
 # --- micro-benchmarks ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ..building import build_real, make_inputs
 from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
-from ..recording import short
+from ..frames import short
 from ..costs import tensors_in
 from ..results import Report, module_and_ancestors
 from .profile import device_name, resolve_device
@@ -103,6 +103,18 @@ def _progress(total: int, enabled: bool, label: str):
         yield lambda: bar.advance(task)
 
 
+def check_options(options: MeasureOptions) -> tuple[torch.device, torch.dtype | None]:
+    """The device and autocast dtype the options name; an error for one that is not there or not known."""
+    if options.amp is not None and options.amp not in _AMP:
+        raise ArchscanError(f"unknown --amp {options.amp!r}", hint="use bf16 or fp16")
+    if options.threads is not None and options.threads < 1:
+        raise ArchscanError(f"--threads {options.threads} is not a thread count", hint="use 1 or more")
+    device = resolve_device(options.device)
+    if options.threads and device.type != "cpu":
+        raise ArchscanError("--threads applies to the CPU only", hint=f"drop it or measure with --device cpu, not {device}")
+    return device, _AMP.get(options.amp) if options.amp else None
+
+
 def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict,
                    dtype: torch.dtype | None, options: MeasureOptions) -> Report:
     """The report with measured latency per node, per module and end to end.
@@ -110,12 +122,7 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
     Raises:
         DeviceError: no such device, out of memory, or a device-side error.
     """
-    device = resolve_device(options.device)
-    amp = None
-    if options.amp:
-        if options.amp not in _AMP:
-            raise ArchscanError(f"unknown --amp {options.amp!r}", hint="use bf16 or fp16")
-        amp = _AMP[options.amp]
+    device, amp = check_options(options)
     need = report.totals.param_bytes
     avail = _available_bytes(device)
     if avail is not None and need > 0.9 * avail:
