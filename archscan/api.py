@@ -76,22 +76,31 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     """
     if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
         inputs = [inputs]  # one input, not a list of them
-    specs = [_to_spec(x) for x in inputs]
-    if not specs:
-        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
+    if isinstance(inputs, dict) or any(isinstance(x, dict) for x in inputs):
+        raise ArchscanError("dict inputs are not supported",
+                            hint="wrap the model in a module whose forward takes tensors and builds the dict")
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     if dtype is not None and not dtype.is_floating_point:
         raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
+    # float32 inputs run in the model's dtype: say so in the report
+    specs = [InputSpec(s.shape, dtype) if dtype is not None and s.dtype == torch.float32 else s
+             for s in map(_to_spec, inputs)]
+    if not specs:
+        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
     options = MeasureOptions() if measure is True else measure or None
     if options is not None:
         check_options(options)  # a device that is not there fails now, not after the analysis
     target = _to_target(model, name)
+    if target.instance is not None and kwargs:
+        raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
+                            hint="point archscan at the class or a factory to pass constructor arguments")
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     captured = capture(target, specs, kwargs or {}, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
     try:
-        report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile)
+        real = captured.model if captured.kind == "eager" else None
+        report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile, real)
     except DeviceError as exc:
         exc.report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, None, profile)
         exc.report = run_rules(exc.report, selected) if selected else exc.report
@@ -99,9 +108,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     return run_rules(report, selected) if selected else report  # last: some rules read measurements
 
 
-def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile) -> Report:
+def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None) -> Report:
     if options is not None:
-        report = measure_report(report, target, specs, kwargs, dtype, options)
+        report = measure_report(report, target, specs, kwargs, dtype, options, real)
     if profile is False:
         return report
     if profile is None or profile is True:
@@ -234,6 +243,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     )
     return Report(
         unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,
+        host_syncs=captured.host_syncs,
         model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
         dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),

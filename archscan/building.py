@@ -10,10 +10,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.overrides import TorchFunctionMode
 
 from .errors import ArchscanError, CaptureError
-from .frames import at
+from .frames import at, short
 from .loading import InputSpec, ModelTarget
 from .recording import quiet
 
@@ -97,15 +98,20 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
-    """Construct the model without allocating weights (fake tensors)."""
+def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode,
+               specs: Sequence[InputSpec] = ()) -> nn.Module:
+    """Construct the model without allocating weights (fake tensors); ``specs`` give lazy modules
+    (``nn.LazyLinear``...) the first forward that decides their weights' shapes."""
     if target.instance is not None:
+        if _has_lazy(target.instance):
+            return _prepare(_fakeify(build_real(target, kwargs, None, specs), fake_mode), dtype, fake_mode)
         return _prepare(_fake_copy(target.instance, fake_mode), dtype, fake_mode)
     try:
         # Built on the meta device (initialisers are no-ops there), then each tensor is wrapped
         # as a fake CPU tensor so kernels are chosen as on a CPU (fused attention paths).
         with torch.device("meta"), _SkipInit(), quiet():
             model = target.build(kwargs)
+            _materialize_lazy(model, specs, torch.device("meta"))
         return _prepare(_meta_to_fake(model, fake_mode), dtype, fake_mode)
     except ArchscanError:
         raise
@@ -119,12 +125,13 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
         raise
     except Exception:
         pass  # the constructor needs real values (e.g. .tolist() on a tensor): build for real
-    model = build_real(target, kwargs, None)
+    model = build_real(target, kwargs, None, specs)
     return _prepare(_fakeify(model, fake_mode), dtype, fake_mode)
 
 
-def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None) -> nn.Module:
-    """Construct the model with real weights on the CPU."""
+def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,
+               specs: Sequence[InputSpec] = ()) -> nn.Module:
+    """Construct the model with real weights on the CPU (lazy modules materialised by one forward)."""
     try:
         model = copy.deepcopy(target.instance) if target.instance is not None else target.build(kwargs)
     except ArchscanError:
@@ -134,9 +141,33 @@ def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None) -> 
             f"building {target.name} failed{at(exc, target.source_file)}: {type(exc).__name__}: {exc}"
         ) from exc
     model.eval()
+    _materialize_lazy(model, specs, torch.device("cpu"))
     if dtype is not None:
         model.to(dtype)
     return model
+
+
+def _has_lazy(model: nn.Module) -> bool:
+    return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in model.modules())
+
+
+def _materialize_lazy(model: nn.Module, specs: Sequence[InputSpec], device: torch.device) -> None:
+    """Lazy modules learn their weights' shapes in their first forward: run one (on meta tensors
+    when building without weights)."""
+    if not _has_lazy(model):
+        return
+    lazy = [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+    if not specs:
+        raise CaptureError(f"lazy modules ({', '.join(lazy[:3])}) need a first forward to shape their weights",
+                           hint="pass --input so archscan can run it")
+    inputs = make_inputs(specs, None, device=device)
+    try:
+        with torch.no_grad(), quiet():
+            model(*inputs)
+    except Exception as exc:
+        raise CaptureError(f"lazy modules ({', '.join(lazy[:3])}) need a first forward to shape their weights, "
+                           f"and it failed{at(exc)}: {short(exc)}") from exc
 
 
 def _prepare(model: nn.Module, dtype: torch.dtype | None, fake_mode: FakeTensorMode) -> nn.Module:
@@ -156,7 +187,8 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
                      skip=lambda t: not t.is_floating_point())
 
 
-def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None) -> list[torch.Tensor]:
+def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None,
+                device: torch.device | None = None) -> list[torch.Tensor]:
     """Random float inputs, zero integer inputs (valid token ids), in the model's dtype."""
     ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
     out = []
@@ -164,7 +196,7 @@ def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fak
         for s in specs:
             if s.dtype.is_floating_point:
                 dt = model_dtype if (model_dtype is not None and s.dtype == torch.float32) else s.dtype
-                out.append(torch.randn(s.shape, dtype=dt))
+                out.append(torch.randn(s.shape, dtype=dt, device=device))
             else:
-                out.append(torch.zeros(s.shape, dtype=s.dtype))
+                out.append(torch.zeros(s.shape, dtype=s.dtype, device=device))
     return out

@@ -17,6 +17,8 @@ nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,10 +30,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .building import build_fake, build_real, make_inputs
 from .costs import storage_key
 from .eager import capture_eager
-from .errors import ArchscanError
+from .errors import ArchscanError, CaptureError, DeviceError
 from .frames import short
 from .loading import InputSpec, ModelTarget
-from .recording import (NodeCosts, OpRecorder, first_tensor, module_stack, python_stack, quiet, shape_str,
+from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, python_stack, quiet, shape_str,
                         source_of)
 
 __all__ = ["Captured", "NodeCosts", "capture", "module_stack", "source_of", "trace_export", "trace_fx"]
@@ -49,6 +51,7 @@ class Captured:
     param_numel: dict[Any, int]        # storage key -> numel
     failures: dict[str, str]           # capture kind -> why it failed
     training: bool = False             # the user's module instance was in train mode
+    host_syncs: tuple[dict, ...] = ()  # Python-level syncs the graph does not show (SyncWatcher)
 
 
 def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
@@ -119,11 +122,12 @@ class _NodeFailure(Exception):
         super().__init__(str(exc))
         self.node, self.shapes, self.exc = node, shapes, exc
 
-    def describe(self) -> str:
+    def describe(self, model_type: str) -> str:
         if self.node.op == "placeholder":
             return f"input {self.node.name!r} could not be bound: {str(self.exc).strip().splitlines()[0]}"
         stack = module_stack(self.node)
-        where = f"layer {stack[-1][0]!r} ({stack[-1][1]})" if stack and stack[-1][0] else f"node {self.node.name!r}"
+        where = (f"layer {stack[-1][0]!r} ({stack[-1][1]})" if stack and stack[-1][0]
+                 else f"{model_type}.forward (node {self.node.name!r})")
         if self.node.op == "call_module":
             sub = self.node.graph.owning_module.get_submodule(self.node.target)
             where = f"layer {self.node.target!r} ({type(sub).__name__})"
@@ -149,21 +153,23 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         specs: example input shapes/dtypes.
         kwargs: constructor arguments.
         dtype: cast the model (and float inputs) to this dtype.
-        method: "auto", or force "fx", "export" or "eager".
+        method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
     """
     kwargs = kwargs or {}
     failures: dict[str, str] = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = target.instance
     if method in ("auto", "fx", "export"):
-        model = build_fake(target, kwargs, dtype, fake_mode)
+        model = build_fake(target, kwargs, dtype, fake_mode, specs)
         _check_arity(model, specs)
         names, numel, weight_keys = _weight_maps(model)
         inputs = make_inputs(specs, dtype, fake_mode)
         for kind in ("fx", "export"):
             if method not in ("auto", kind):
                 continue
+            watcher = SyncWatcher() if kind == "export" else contextlib.nullcontext()
             try:
-                with quiet():
+                with quiet(), watcher:
                     gm = trace_fx(model) if kind == "fx" else trace_export(model, inputs)
             except Exception as exc:
                 failures[kind] = short(exc)
@@ -181,18 +187,42 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
                     hint = f"inputs were {shape_str(inputs)}"
                     if "Long, Int" in str(failure.exc):
                         hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
-                    raise ArchscanError(failure.describe(), hint=hint) from failure.exc
+                    raise ArchscanError(failure.describe(type(model).__name__), hint=hint) from failure.exc
                 failures[kind] = f"graph did not run: {short(failure.exc)}"
                 continue
-            return Captured(gm, kind, model, _notes(failures), names, numel, failures, _was_training(target))
-    # eager: a real run on a random input
-    model = build_real(target, kwargs, dtype)
+            syncs = watcher.records() if isinstance(watcher, SyncWatcher) else ()
+            return Captured(gm, kind, model, _notes(failures), names, numel, failures, _was_training(target), syncs)
+        if method != "auto":
+            raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
+                               hint="use --capture auto to let archscan fall back to another capture")
+    # eager: a real run on a random input, with real weights: check they fit first
+    _check_real_fits(model, specs, dtype, failures)
+    model = build_real(target, kwargs, dtype, specs)
     _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
     inputs = make_inputs(specs, dtype)
-    gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
+    watcher = SyncWatcher()
+    with watcher:
+        gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
     notes = _notes(failures) + ["eager capture: the analysis covers the path the model took for one random input"]
-    return Captured(gm, "eager", model, notes, names, numel, failures, _was_training(target))
+    return Captured(gm, "eager", model, notes, names, numel, failures, _was_training(target), watcher.records())
+
+
+def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype: torch.dtype | None,
+                     failures: dict[str, str]) -> None:
+    """The eager capture allocates real weights and inputs: fail with one line, before allocating,
+    when they would not fit in the memory that is free. ``model`` (fake or real) gives the weights."""
+    from .measure.run import available_bytes
+
+    need = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
+    if model is not None:
+        need += sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    avail = available_bytes(torch.device("cpu"))
+    if avail is not None and need > 0.5 * avail:
+        why = "; ".join(f"{k}: {v}" for k, v in failures.items()) or "forced with --capture eager"
+        raise DeviceError(f"eager capture needs a real run ({need / 2**30:.1f} GiB of inputs and weights) but "
+                          f"{avail / 2**30:.1f} GiB is free; it was taken because {why}",
+                          hint="use a smaller --input, or make the model traceable")
 
 
 def _notes(failures: dict[str, str]) -> list[str]:

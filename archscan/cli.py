@@ -283,12 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         args = ["scan", *args]
     try:
         rc = app(args=args, prog_name="archscan", standalone_mode=False)
-        return rc if isinstance(rc, int) else 0  # typer.Exit(code) comes back as a return value
-    except (KeyboardInterrupt, typer.Abort):
-        typer.echo("archscan: interrupted", err=True)
-        return 130
+        rc = rc if isinstance(rc, int) else 0  # typer.Exit(code) comes back as a return value
+    except (KeyboardInterrupt, typer.Abort):  # click < 8.2 turns Ctrl-C into Abort
+        rc = _INTERRUPTED
     except typer.Exit as exc:
-        return exc.exit_code
+        rc = exc.exit_code
     except SystemExit as exc:  # only model code exits: archscan and typer do not
         from .frames import exit_error
 
@@ -297,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         return _report(exc, debug)
     except Exception as exc:
         return _report(_unforeseen(exc), debug)
+    if rc == _INTERRUPTED:  # typer >= 0.29 turns Ctrl-C into Exit(130)
+        typer.echo("archscan: interrupted", err=True)
+    return rc
+
+
+_INTERRUPTED = 130
 
 
 def _report(exc: ArchscanError, debug: bool) -> int:

@@ -6,8 +6,8 @@ Targets:
     "zoo:shufflenet_v2_x1_0"    a model of archscan's zoo
 
 Input specs: comma-separated shape with an optional dtype, "1,3,224,224" or "1,128:int64".
-Constructor arguments: "width_mult=0.5,num_classes=10" (values are Python literals;
-anything that is not a literal is taken as a string).
+Constructor arguments: "width_mult=0.5,num_classes=10" (values are Python literals; a bare
+word such as ``act=relu`` is a string only where the constructor takes a string).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import contextlib
 import importlib
 import inspect
 import io
+import math
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -65,7 +67,7 @@ class ModelTarget:
                 raise ArchscanError(f"{self.name} is a module instance; --kwargs cannot be applied to it")
             return self.instance
         _check_call(self.factory, kwargs, self.name)
-        model = self.factory(**kwargs)
+        model = self.factory(**{k: str(v) if isinstance(v, BareWord) else v for k, v in kwargs.items()})
         if not isinstance(model, nn.Module):
             raise ArchscanError(
                 f"{self.name}(...) returned {type(model).__name__}, not a torch.nn.Module",
@@ -79,17 +81,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# dtypes a model input can have: quantized, complex and float8 tensors cannot be made as random
+# example inputs, and models take them through their own conversion code
+_INPUT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
 def parse_dtype(text: str) -> torch.dtype:
-    """A dtype by name ('bfloat16', 'bf16', 'int64', ...)."""
+    """A dtype by name ('bfloat16', 'bf16', 'int64', ...) that an example input can have."""
     key = text.strip().lower().removeprefix("torch.")
-    if key in _DTYPE_ALIASES:
-        return _DTYPE_ALIASES[key]
-    value = getattr(torch, key, None)
-    if isinstance(value, torch.dtype):
+    value = _DTYPE_ALIASES.get(key, getattr(torch, key, None))
+    if isinstance(value, torch.dtype) and value in _INPUT_DTYPES:
         return value
+    what = "not supported for inputs" if isinstance(value, torch.dtype) else "unknown"
     raise ArchscanError(
-        f"unknown dtype {text!r}",
-        hint="use e.g. float32, float16, bfloat16, int64, int32, uint8, bool",
+        f"dtype {text!r} is {what}",
+        hint="use float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8 or bool",
     )
 
 
@@ -109,6 +116,10 @@ def parse_input_spec(text: str) -> InputSpec:
             "--input 1,3,224,224 or --input 1,128:int64",
         )
     dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
+    numel = math.prod(shape)
+    if numel * dtype.itemsize >= 2**63:
+        raise ArchscanError(f"--input {text!r} is too large: {numel:.3g} elements cannot be addressed",
+                            hint="give the shape the model really takes, e.g. --input 1,3,224,224")
     return InputSpec(shape, dtype)
 
 
@@ -133,23 +144,40 @@ def _split_top_level(text: str) -> list[str]:
     return [p.strip() for p in out if p.strip()]
 
 
+class BareWord(str):
+    """A --kwargs value that is not a Python literal (``act=relu``): a string only where the
+    constructor's signature says it takes one (see ``_check_call``)."""
+
+
 def parse_kwargs(text: str | None) -> dict[str, Any]:
-    """'width_mult=0.5,num_classes=10,act=relu' -> {'width_mult': 0.5, 'num_classes': 10, 'act': 'relu'}."""
+    """'width_mult=0.5,num_classes=10,act=relu' -> {'width_mult': 0.5, 'num_classes': 10, 'act': BareWord('relu')}."""
     if not text:
         return {}
     result: dict[str, Any] = {}
     for item in _split_top_level(text):
         key, eq, value = item.partition("=")
-        key = key.strip()
+        key, value = key.strip(), value.strip()
         if not eq or not key.isidentifier():
             raise ArchscanError(
                 f"malformed --kwargs item {item!r}", hint="write name=value pairs: --kwargs width_mult=0.5,num_classes=10"
             )
+        if key in result:
+            raise ArchscanError(f"--kwargs gives {key!r} twice", hint="give each constructor argument once")
         try:
-            result[key] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            result[key] = value.strip()
+            result[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            if not value.replace("-", "_").replace(".", "_").isidentifier():
+                raise ArchscanError(f"--kwargs {key}={value} is not a Python literal",
+                                    hint=f"write numbers, True/False/None, lists or quoted strings: {key}='...'") from None
+            result[key] = BareWord(value)
     return result
+
+
+def _takes_string(param: inspect.Parameter) -> bool:
+    """Does a constructor parameter take a string (its default is one, or its annotation names ``str``)?"""
+    annotation = param.annotation
+    text = annotation if isinstance(annotation, str) else repr(annotation)  # "<class 'str'>", "str | None"
+    return isinstance(param.default, str) or re.search(r"\bstr\b", text) is not None
 
 
 def _check_call(factory: Callable[..., Any], kwargs: dict[str, Any], name: str) -> None:
@@ -158,6 +186,11 @@ def _check_call(factory: Callable[..., Any], kwargs: dict[str, Any], name: str) 
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
         return
+    for key, value in kwargs.items():
+        param = sig.parameters.get(key)
+        if isinstance(value, BareWord) and param is not None and not _takes_string(param):
+            raise ArchscanError(f"--kwargs {key}={value} is not a Python literal and {name}'s {key} does not take a string",
+                                hint=f"write a number, True/False/None or a list; quote a string: {key}='{value}'")
     try:
         sig.bind(**kwargs)
     except TypeError as exc:
@@ -237,6 +270,23 @@ def _load_file(path: str) -> Any:
     return module
 
 
+def _import_module(name: str) -> Any:
+    """``importlib.import_module``, with the module's own failures reported as the model's."""
+    argv, sys.argv = sys.argv, [name]
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if exc.name is not None and name.startswith(exc.name):  # the module itself is not there
+            raise ArchscanError(f"cannot import {name!r}: {exc}", hint="is the package installed or on PYTHONPATH?") from exc
+        raise CaptureError(f"importing {name} failed{at(exc)}: {short(exc)}") from exc
+    except Exception as exc:
+        raise CaptureError(f"importing {name} failed{at(exc)}: {short(exc)}") from exc
+    except SystemExit as exc:
+        raise exit_error(exc, f"importing {name}") from None
+    finally:
+        sys.argv = argv
+
+
 def resolve_target(target: str) -> ModelTarget:
     """Turn 'file.py:Net', 'pkg.mod:factory' or 'zoo:name' into a ModelTarget."""
     if target.startswith("zoo:"):
@@ -258,14 +308,16 @@ def resolve_target(target: str) -> ModelTarget:
             hint="write FILE.py:Name, package.module:factory or zoo:name",
         )
     where, _, attr = target.rpartition(":")
+    if not where.strip():
+        raise ArchscanError(f"{target!r} names no file or module before ':'",
+                            hint="write FILE.py:Name, package.module:factory or zoo:name")
+    if not attr.strip():
+        raise ArchscanError(f"{target!r} names no model after ':'", hint="write FILE.py:Name with the class or factory")
     if where.endswith(".py") or os.sep in where or os.path.exists(where):
         module = _load_file(where)
         source = os.path.abspath(where)
     else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as exc:
-            raise ArchscanError(f"cannot import {where!r}: {exc}", hint="is the package installed or on PYTHONPATH?") from exc
+        module = _import_module(where)
         source = getattr(module, "__file__", None)
     obj = module
     for part in attr.split("."):
@@ -277,5 +329,7 @@ def resolve_target(target: str) -> ModelTarget:
     if isinstance(obj, nn.Module):
         return ModelTarget(target, None, instance=obj, source_file=source)
     if not callable(obj):
-        raise ArchscanError(f"{target} is a {type(obj).__name__}, not a module class or factory")
+        kind = type(obj).__name__
+        raise ArchscanError(f"{target} is {'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}, not a module class or factory",
+                            hint="point archscan at an nn.Module class, a function returning one, or an instance")
     return ModelTarget(target, obj, source_file=source)

@@ -57,6 +57,55 @@ class OpRecorder(TorchDispatchMode):
         return {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
 
 
+_SYNC_METHODS = {"tolist", "item", "numpy"}
+
+
+class SyncWatcher:
+    """Notes the calls in model code that copy a tensor's values to the host (``.tolist()``,
+    ``.item()``, ``.numpy()``) while the model runs eagerly or under torch.export: the eager
+    recording never sees ``.tolist()`` (it reads memory without dispatching an op) and export
+    drops what it cannot trace, yet each one is a host-device sync.
+
+    A profile hook (``sys.setprofile``) sees the C-level calls without taking part in them: a
+    ``TorchFunctionMode`` would switch off fused fast paths (``nn.MultiheadAttention``) and so
+    change the path being captured.
+    """
+
+    def __init__(self):
+        self.calls: dict[tuple[str, str], int] = {}  # (op, file:line) -> count
+        self._previous = None
+
+    def _hook(self, frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", None) in _SYNC_METHODS \
+                and isinstance(getattr(arg, "__self__", None), torch.Tensor):
+            source = _user_line(frame)
+            if source is not None:
+                key = (f"Tensor.{arg.__name__}", source)
+                self.calls[key] = self.calls.get(key, 0) + 1
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+
+    def __enter__(self) -> "SyncWatcher":
+        self._previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._previous)
+
+    def records(self) -> tuple[dict, ...]:
+        return tuple({"op": op, "source": source, "count": n} for (op, source), n in self.calls.items())
+
+
+def _user_line(frame) -> str | None:
+    """'file.py:LINE' of the innermost model-code frame at or above ``frame``."""
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            return where(frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
 def first_tensor(value) -> torch.Tensor | None:
     return next(iter(tensors_in(value)), None)
 

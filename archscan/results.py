@@ -121,6 +121,7 @@ class Report:
     recommendations: tuple[dict, ...] = ()
     unused_param_names: tuple[str, ...] = ()
     host_constants: tuple[dict, ...] = ()   # tensors built on the host in forward (fx constants)
+    host_syncs: tuple[dict, ...] = ()       # {op, source, count}: .tolist()/.item()/bool() the graph does not show
     training: bool = False                  # the module given was in train mode
     warnings: tuple[str, ...] = ()          # what limited the analysis (a damaged device profile, ...)
     schema: str = SCHEMA

@@ -95,7 +95,7 @@ def test_fuse_conv_bn_needs_single_user():
 
 def test_host_sync(toy):
     (f,) = findings(f"{toy}:ItemScale", [(4, 8)], "host-sync")
-    assert f.evidence["ops"] == ["aten._local_scalar_dense"]
+    assert f.evidence["ops"] == ["Tensor.item", "aten._local_scalar_dense"]  # the call and the op it runs
     assert f.source.endswith("toy.py:149")  # s = x.abs().max().item()
     (d,) = findings(f"{toy}:DataBranch", [(1, 3, 8, 8)], "host-sync")
     assert "also why the graph could not be captured" in d.message

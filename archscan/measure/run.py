@@ -48,7 +48,8 @@ class MeasureOptions:
 _AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
-def _available_bytes(device: torch.device) -> int | None:
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on the device (CPU: MemAvailable), or None when it cannot be told."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free
@@ -116,15 +117,18 @@ def check_options(options: MeasureOptions) -> tuple[torch.device, torch.dtype | 
 
 
 def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict,
-                   dtype: torch.dtype | None, options: MeasureOptions) -> Report:
+                   dtype: torch.dtype | None, options: MeasureOptions, model: torch.nn.Module | None = None) -> Report:
     """The report with measured latency per node, per module and end to end.
+
+    ``model``: the real model already built (an eager capture's), measured instead of building
+    another (the constructor's side effects happen once).
 
     Raises:
         DeviceError: no such device, out of memory, or a device-side error.
     """
     device, amp = check_options(options)
     need = report.totals.param_bytes
-    avail = _available_bytes(device)
+    avail = available_bytes(device)
     if avail is not None and need > 0.9 * avail:
         raise DeviceError(f"measuring needs the real weights ({need / 2**30:.1f} GiB) but {device} has "
                           f"{avail / 2**30:.1f} GiB free", hint="measure a smaller variant or on a larger device")
@@ -132,7 +136,7 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
     try:
         if device.type == "cpu" and options.threads:
             torch.set_num_threads(options.threads)
-        return _measure(report, target, specs, kwargs, dtype, options, device, amp)
+        return _measure(report, target, specs, kwargs, dtype, options, device, amp, model)
     except torch.cuda.OutOfMemoryError as exc:
         raise DeviceError(f"out of memory on {device} while measuring", hint="use a smaller --input batch") from exc
     except RuntimeError as exc:
@@ -150,8 +154,8 @@ def measure_report(report: Report, target: ModelTarget, specs: Sequence[InputSpe
         torch.set_num_threads(previous_threads)
 
 
-def _measure(report, target, specs, kwargs, dtype, options, device, amp) -> Report:
-    model = build_real(target, kwargs, dtype).to(device)
+def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=None) -> Report:
+    model = (model if model is not None else build_real(target, kwargs, dtype, specs)).to(device)
     inputs = [x.to(device) for x in make_inputs(specs, dtype)]
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -50,27 +50,32 @@ _SYNC_OPS = {"Tensor.item", "Tensor.tolist", "Tensor.numpy", "Tensor.cpu"}
 
 
 def check_host_sync(ctx: RuleContext) -> list[Finding]:
-    """Ops that make the host wait for the device: .item(), nonzero(), .cpu(), tensor-valued branches."""
+    """Ops that make the host wait for the device: .item(), .tolist(), nonzero(), .cpu(), tensor-valued
+    branches: graph nodes, and the Python-level calls the capture saw but its graph does not keep."""
     syncs = [n for n in ctx.report.nodes
              if n.category == "host_sync" or n.op in _SYNC_OPS or n.attrs.get("to_host")]
-    if not syncs:
+    if not syncs and not ctx.report.host_syncs:
         return []
     by_line: dict[str, list[NodeReport]] = defaultdict(list)
     for n in syncs:
         by_line[n.source or n.name].append(n)
+    calls: dict[str, dict[str, int]] = defaultdict(dict)  # line -> op -> count
+    for call in ctx.report.host_syncs:
+        calls[call["source"]][call["op"]] = call["count"]
     notes = [note for note in ctx.report.capture_notes if "fx failed" in note or "export failed" in note]
     findings = []
-    for line, nodes in by_line.items():
-        ops = sorted({n.op for n in nodes})
+    for line in list(by_line) + [line for line in calls if line not in by_line]:
+        nodes = by_line.get(line, [])
+        ops = sorted({n.op for n in nodes} | set(calls.get(line, {})))
         findings.append(Finding(
-            rule="host-sync", severity="warning", module=_where(nodes),
+            rule="host-sync", severity="warning", module=_where(nodes) if nodes else line,
             message=f"host-device synchronisation in forward: {', '.join(ops)}"
                     + (" (also why the graph could not be captured)" if notes else ""),
             evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": ops, "capture": notes},
-            saving={"syncs": len(nodes)},
+            saving={"syncs": max(len(nodes), sum(calls.get(line, {}).values()))},
             fix="keep the value on the device (torch.where, masks, fixed-size outputs), batch the syncs, "
                 "or move the check out of the hot path",
-            source=nodes[0].source,
+            source=nodes[0].source if nodes else line,
         ))
     return findings
 
