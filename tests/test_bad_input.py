@@ -90,7 +90,7 @@ USAGE = [
     (["zoo:resnet18", "--capture", "jit"], ["--capture", "jit"]),
     (["zoo:resnet18", "--fail-on", "fatal"], ["--fail-on", "fatal"]),
     (["zoo:resnet18", "--rules", "G9"], ["G9"]),
-    (["scan"], ["model"]),
+    (["scan"], ["Missing argument"]),
     (["guidelines", "--tables", ""], ["--tables"]),
     (["guidelines", "--batch", "0"], ["--batch"]),
     (["guidelines", "--batch", "-1"], ["--batch"]),
@@ -448,3 +448,10 @@ def test_console_script_sys_exit_in_model(model_file):
     path = model_file("import sys\nsys.exit(0)\n" + MODEL)
     proc = subprocess.run([_script(), f"{path}:Net", "--input", "2,8"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and "sys.exit(0)" in one_error_line(proc.stderr)
+
+
+def test_usage_errors_do_not_import_torch():
+    code = ("import sys; from archscan.cli import main; rc = main(['zoo:resnet18', '--inptu', '1']); "
+            "print(rc, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["2", "False"], proc.stderr
