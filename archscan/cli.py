@@ -47,8 +47,6 @@ def scan_cmd(
     # every option is checked before the model is imported or built: a typo costs no analysis
     if capture not in ("auto", "fx", "export", "eager"):
         raise ArchscanError(f"unknown --capture {capture!r}", hint="use auto, fx, export or eager")
-    if fail_on is not None and fail_on not in _SEVERITIES:
-        raise ArchscanError(f"unknown --fail-on {fail_on!r}", hint="use info, warning or error")
     needs_measure = [flag for flag, given in (("--amp", amp), ("--channels-last", channels_last), ("--sweep", sweep))
                      if given]
     if needs_measure and not measure:
@@ -58,6 +56,8 @@ def scan_cmd(
     from .measure import MeasureOptions, ProfileError, check_options, load_profile, resolve_device
     from .rules import SEVERITIES, select_rules, worst_severity
 
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise ArchscanError(f"unknown --fail-on {fail_on!r}", hint=f"use {', '.join(SEVERITIES)}")
     model_dtype = parse_dtype(dtype) if dtype is not None else None
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
@@ -103,9 +103,6 @@ def scan_cmd(
     if fail_on is not None and worst is not None and SEVERITIES.index(worst) >= SEVERITIES.index(fail_on):
         typer.echo(f"archscan: {worst} findings at or above --fail-on {fail_on}", err=True)
         raise typer.Exit(1)
-
-
-_SEVERITIES = ("info", "warning", "error")  # archscan.rules.SEVERITIES, without importing torch to check an option
 
 
 @contextlib.contextmanager

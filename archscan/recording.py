@@ -40,6 +40,10 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten.embedding.default and args[1].is_floating_point():
+            # the real kernel refuses float indices; the fake one of torch < 2.13 does not check
+            raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                               f"Long, Int; but got {args[1].dtype} instead")
         out = func(*args, **kwargs)
         if func.namespace == "prim":  # prim.device and friends: metadata queries, no work
             return out
