@@ -100,7 +100,8 @@ def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys:
         where = ""
         if builder.stack:
             m = builder.stack[-1]
-            where = f" in layer {builder.names.get(id(m), '')!r} ({type(m).__name__})"
+            path = builder.names.get(id(m), "")
+            where = f" in layer {path!r} ({type(m).__name__})" if path else f" in {type(m).__name__}.forward"
         raise CaptureError(
             f"the model cannot run{where}{at(exc, source_file)}: {short(exc)}"
         ) from exc

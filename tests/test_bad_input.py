@@ -286,7 +286,8 @@ def test_json_stdout_stays_json_when_the_model_prints(capsys, model_file):
 
 def test_model_code_error_names_the_line(capsys, model_file):
     path = model_file(MODEL.replace("return self.fc(x)", "return self.fc(x) / {}['missing']"))
-    expect_error(capsys, 3, ["model.py:11", "KeyError"], f"{path}:Net", "--input", "2,8")
+    _, line = expect_error(capsys, 3, ["model.py:11", "KeyError", "Net.forward"], f"{path}:Net", "--input", "2,8")
+    assert "layer ''" not in line
 
 
 @pytest.mark.parametrize("source,args,builds", [
