@@ -14,6 +14,7 @@ from torch.fx.node import _get_qualified_name
 from .capture import Captured, NodeCosts, capture, module_stack, source_of
 from .costs import CATEGORIES
 from .errors import ArchscanError, DeviceError
+from .frames import exit_error
 from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
 from .measure import (DeviceProfile, MeasureOptions, ProfileError, apply_predictions, check_options, load_profile,
                       measure_report, resolve_device)
@@ -96,15 +97,18 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
                             hint="point archscan at the class or a factory to pass constructor arguments")
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
-    captured = capture(target, specs, kwargs or {}, dtype, capture_method)
-    report = build_report(captured, name or target.name, specs, dtype)
     try:
-        real = captured.model if captured.kind == "eager" else None
-        report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile, real)
-    except DeviceError as exc:
-        exc.report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, None, profile)
-        exc.report = run_rules(exc.report, selected) if selected else exc.report
-        raise
+        captured = capture(target, specs, kwargs or {}, dtype, capture_method)
+        report = build_report(captured, name or target.name, specs, dtype)
+        try:
+            real = captured.model if captured.kind == "eager" else None
+            report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile, real)
+        except DeviceError as exc:
+            exc.report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, None, profile)
+            exc.report = run_rules(exc.report, selected) if selected else exc.report
+            raise
+    except SystemExit as exc:  # the model's constructor or forward called sys.exit()
+        raise exit_error(exc, "running the model", target.source_file) from None
     return run_rules(report, selected) if selected else report  # last: some rules read measurements
 
 

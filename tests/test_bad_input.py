@@ -255,6 +255,15 @@ def test_sys_exit_in_forward(capsys, model_file):
     expect_error(capsys, 3, ["sys.exit(0)", "model.py:11"], f"{path}:Net", "--input", "2,8")
 
 
+def test_sys_exit_through_the_library(model_file):
+    import archscan
+    from archscan.errors import CaptureError
+
+    path = model_file(MODEL.replace("return self.fc(x)", "import sys; sys.exit(0)"))
+    with pytest.raises(CaptureError, match=r"sys.exit\(0\) at .*model.py:11"):
+        archscan.scan(f"{path}:Net", [(2, 8)])
+
+
 def test_sys_exit_in_constructor(capsys, model_file):
     path = model_file(MODEL.replace("super().__init__()", "super().__init__(); raise SystemExit(3)"))
     expect_error(capsys, 3, ["sys.exit(3)", "model.py:7"], f"{path}:Net", "--input", "2,8")
