@@ -16,8 +16,8 @@ from .costs import CATEGORIES
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
 from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
-from .measure import (DeviceProfile, MeasureOptions, ProfileError, apply_predictions, check_options, load_profile,
-                      measure_report, resolve_device)
+from .measure import (DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report,
+                      resolve_device)
 from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
 from .rules import run_rules, select_rules
 
@@ -119,10 +119,8 @@ def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile,
         return report
     if profile is None or profile is True:
         device = resolve_device(options.device if options is not None else None)
-        try:
-            profile = load_profile(device, options.threads if options is not None else None)
-        except ProfileError as exc:  # a damaged cache costs the predictions, not the analysis
-            return dataclasses.replace(report, warnings=report.warnings + (str(exc),))
+        profile, warnings = cached_profile(device, options.threads if options is not None else None)
+        report = dataclasses.replace(report, warnings=report.warnings + tuple(warnings)) if warnings else report
     return apply_predictions(report, profile) if profile is not None else report
 
 

@@ -53,7 +53,7 @@ def scan_cmd(
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure")
 
     from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
-    from .measure import MeasureOptions, ProfileError, check_options, load_profile, resolve_device
+    from .measure import MeasureOptions, cached_profile, check_options, resolve_device
     from .rules import SEVERITIES, select_rules, worst_severity
 
     if fail_on is not None and fail_on not in SEVERITIES:
@@ -77,10 +77,8 @@ def scan_cmd(
         # without --measure, --device/--threads name the calibrated profile that predicts latency
         profile, warnings = None, []
         if not measure and (where is not None or threads):
-            try:
-                profile = load_profile(where or resolve_device(None), threads) or False
-            except ProfileError as exc:
-                profile, warnings = False, [str(exc)]
+            profile, warnings = cached_profile(where or resolve_device(None), threads)
+            profile = profile or False
         try:
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
@@ -149,11 +147,9 @@ def calibrate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
 ) -> None:
     """Measure this device once (matmul FLOP/s per dtype, bandwidth, launch overhead) and cache its profile."""
-    from .measure import calibrate, check_profile_dir, resolve_device, save_profile
+    from .measure import MeasureOptions, calibrate, check_options, check_profile_dir, save_profile
 
-    where = resolve_device(device)
-    if threads and where.type != "cpu":
-        raise ArchscanError("--threads applies to the CPU only", hint=f"drop it or use --device cpu, not {device}")
+    where = check_options(MeasureOptions(device=device, threads=threads))[0]
     check_profile_dir()  # before minutes of measuring, not after
     with _status("calibrating") as say:
         profile = calibrate(where, threads=threads, quick=quick, progress=say)
@@ -269,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     if not args:
-        return _fail("no model given", "usage: archscan MODEL --input 1,3,224,224; `archscan --help` lists the commands", 2)
+        return _report(ArchscanError("no model given", hint="usage: archscan MODEL --input 1,3,224,224; "
+                                                           "`archscan --help` lists the commands"), debug)
     if args == ["--version"]:
         from importlib.metadata import version
 
@@ -309,12 +306,6 @@ def _report(exc: ArchscanError, debug: bool) -> int:
         traceback.print_exception(exc.__cause__ or exc)
     typer.echo(f"archscan: error: {' '.join(str(exc).split())}", err=True)
     return exc.exit_code
-
-
-def _fail(message: str, hint: str, code: int) -> int:
-    error = ArchscanError(message, hint=hint)
-    error.exit_code = code
-    return _report(error, False)
 
 
 def _usage_error_type() -> type:

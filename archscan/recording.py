@@ -82,9 +82,9 @@ class SyncWatcher:
     def _hook(self, frame, event, arg):
         if event == "c_call" and getattr(arg, "__name__", None) in _SYNC_METHODS \
                 and isinstance(getattr(arg, "__self__", None), torch.Tensor):
-            source = _user_line(frame)
-            if source is not None:
-                key = (f"Tensor.{arg.__name__}", source)
+            user = _user_frame(frame)
+            if user is not None:
+                key = (f"Tensor.{arg.__name__}", where(user.f_code.co_filename, user.f_lineno))
                 self.calls[key] = self.calls.get(key, 0) + 1
         if self._previous is not None:
             self._previous(frame, event, arg)
@@ -101,13 +101,11 @@ class SyncWatcher:
         return tuple({"op": op, "source": source, "count": n} for (op, source), n in self.calls.items())
 
 
-def _user_line(frame) -> str | None:
-    """'file.py:LINE' of the innermost model-code frame at or above ``frame``."""
-    while frame is not None:
-        if is_user_file(frame.f_code.co_filename):
-            return where(frame.f_code.co_filename, frame.f_lineno)
+def _user_frame(frame):
+    """The innermost model-code frame at or above ``frame``, or None."""
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
         frame = frame.f_back
-    return None
+    return frame
 
 
 def first_tensor(value) -> torch.Tensor | None:
@@ -166,10 +164,7 @@ def module_stack(node: torch.fx.Node) -> list[tuple[str, str]]:
 
 def python_stack() -> str:
     """The innermost user frame now executing, as an fx ``stack_trace`` line."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if is_user_file(fname):
-            return f'  File "{fname}", line {frame.f_lineno}, in {frame.f_code.co_name}'
-        frame = frame.f_back
-    return ""
+    frame = _user_frame(sys._getframe(1))
+    if frame is None:
+        return ""
+    return f'  File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name}'

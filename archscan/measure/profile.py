@@ -185,6 +185,14 @@ def load_profile(device: torch.device, threads: int | None = None, path: Path | 
                            hint="run `archscan calibrate` again") from exc
 
 
+def cached_profile(device: torch.device, threads: int | None = None) -> tuple[DeviceProfile | None, list[str]]:
+    """``load_profile``, with a damaged cache turned into a warning: it costs the predictions, not the analysis."""
+    try:
+        return load_profile(device, threads), []
+    except ProfileError as exc:
+        return None, [str(exc)]
+
+
 # --- micro-benchmarks ---------------------------------------------------------------------------
 
 def _matmul_rate(n: int, dtype: torch.dtype, device: torch.device, clock: Clock, budget_ms: float) -> float:
