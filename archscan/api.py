@@ -11,7 +11,7 @@ import torch.fx
 import torch.nn as nn
 from torch.fx.node import _get_qualified_name
 
-from .capture import Captured, NodeCosts, capture, module_stack, source_of
+from .capture import Captured, NodeCosts, capture, module_stack, seeded_rng, source_of
 from .costs import CATEGORIES
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
@@ -98,17 +98,22 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
                             hint="point archscan at the class or a factory to pass constructor arguments")
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     try:
-        captured = capture(target, specs, kwargs or {}, dtype, capture_method)
-        report = build_report(captured, name or target.name, specs, dtype)
-        try:
-            real = captured.model if captured.kind == "eager" else None
-            report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, options, profile, real)
-        except DeviceError as exc:
-            exc.report = _measure_and_predict(report, target, specs, kwargs or {}, dtype, None, profile)
-            exc.report = run_rules(exc.report, selected) if selected else exc.report
-            raise
+        with seeded_rng():
+            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
+
+
+def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile) -> Report:
+    captured = capture(target, specs, kwargs, dtype, capture_method)
+    report = build_report(captured, name or target.name, specs, dtype)
+    try:
+        real = None if captured.fake else captured.model
+        report = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
+    except DeviceError as exc:
+        exc.report = _measure_and_predict(report, target, specs, kwargs, dtype, None, profile)
+        exc.report = run_rules(exc.report, selected) if selected else exc.report
+        raise
     return run_rules(report, selected) if selected else report  # last: some rules read measurements
 
 

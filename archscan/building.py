@@ -26,7 +26,18 @@ def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
         if id(t) not in memo:
             fake = fake_mode.from_tensor(t.detach())
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
-    return copy.deepcopy(model, memo)
+    return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
+
+
+def _derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    """Add to a deepcopy memo the tensors modules keep as plain attributes that autograd computed
+    (``nn.utils.weight_norm`` stores ``weight`` so): deepcopy refuses non-leaf tensors, and the
+    hook that computed them recomputes them in the copy's next forward."""
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf and id(value) not in memo:
+                memo[id(value)] = convert(value)
+    return memo
 
 
 def _replace_tensors(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor],
@@ -133,7 +144,8 @@ def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,
                specs: Sequence[InputSpec] = ()) -> nn.Module:
     """Construct the model with real weights on the CPU (lazy modules materialised by one forward)."""
     try:
-        model = copy.deepcopy(target.instance) if target.instance is not None else target.build(kwargs)
+        model = (copy.deepcopy(target.instance, _derived_tensors(target.instance, {}, lambda t: t.detach().clone()))
+                 if target.instance is not None else target.build(kwargs))
     except ArchscanError:
         raise
     except Exception as exc:

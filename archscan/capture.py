@@ -1,23 +1,25 @@
 """Capture a model as a torch.fx graph whose nodes carry per-op costs.
 
-Three ways, tried in order; the report names the one used:
+Three ways; the report names the one used:
 
 * ``fx``: ``torch.fx`` symbolic tracing (module-level graph, leaf modules kept whole).
 * ``export``: ``torch.export.export(strict=False)`` when the Python code defeats symbolic
   tracing (e.g. shape-dependent control flow); aten-level graph with the module stack kept.
-* ``eager``: when both fail (tensor-valued control flow such as ``if x.mean() > 0`` or
-  ``.item()`` in a condition), the model runs once on a real random input under a
-  ``TorchDispatchMode`` that records every aten op with its module (the way
-  ``torch.utils.flop_counter.FlopCounterMode`` attributes FLOPs); the graph is rebuilt from
-  tensor identity. It covers the path taken for that input.
+  Outputs of any type (Hugging Face cache objects) are flattened to their tensors.
+* ``eager``: one forward pass under a ``TorchDispatchMode`` that records every aten op with
+  its module (the way ``torch.utils.flop_counter.FlopCounterMode`` attributes FLOPs); the graph
+  is rebuilt from tensor identity. On fake tensors when the model does not read values; for
+  real, on seeded random inputs, when it does (``if x.mean() > 0``, ``.item()``): then it
+  covers the path taken for those values.
 
-``fx`` and ``export`` run on fake tensors (``FakeTensorMode``): no weights are allocated and
-nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop.
+Everything but a real eager run works on fake tensors (``FakeTensorMode``): no weights are
+allocated and nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -31,10 +33,10 @@ from .building import build_fake, build_real, make_inputs
 from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
-from .frames import short
+from .frames import at, short
 from .loading import InputSpec, ModelTarget
-from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, python_stack, quiet, shape_str,
-                        source_of)
+from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, output_tensors, python_stack,
+                        quiet, shape_str, source_of)
 
 __all__ = ["Captured", "NodeCosts", "capture", "module_stack", "source_of", "trace_export", "trace_fx"]
 
@@ -52,6 +54,7 @@ class Captured:
     failures: dict[str, str]           # capture kind -> why it failed
     training: bool = False             # the user's module instance was in train mode
     host_syncs: tuple[dict, ...] = ()  # Python-level syncs the graph does not show (SyncWatcher)
+    fake: bool = True                  # ``model`` holds fake tensors (False: a real run's model)
 
 
 def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
@@ -85,8 +88,23 @@ def trace_fx(model: nn.Module) -> torch.fx.GraphModule:
 
 
 def trace_export(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack."""
-    ep = torch.export.export(model, tuple(inputs), strict=False)
+    """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack.
+
+    Whatever forward returns (a Hugging Face ``DynamicCache`` inside a ``ModelOutput``, any
+    object holding tensors) is flattened to a tuple of its tensors: export only accepts outputs
+    it can flatten, and what a model returns does not change what it computes.
+    """
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def flat_forward(*args, **kwargs):
+        return output_tensors(forward(*args, **kwargs))
+
+    model.forward = flat_forward  # on this instance only: export still sees the same module tree
+    try:
+        ep = torch.export.export(model, tuple(inputs), strict=False)
+    finally:
+        del model.forward
     return ep.module()
 
 
@@ -146,7 +164,13 @@ def _interpret(gm, inputs, fake_mode, recorder) -> None:
 
 def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
             dtype: torch.dtype | None = None, method: str = "auto") -> Captured:
-    """Capture and cost a model: fx, then export, then eager (see module docstring).
+    """Capture and cost a model (see module docstring).
+
+    ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded: it tells
+    whether the model needs tensor values. If it does not, export is tried and the recording is
+    the fallback; if it does, export is skipped (it would fail the same way, slower) and the model
+    runs once for real, after a check that its weights fit in memory. ``eager`` records on fake
+    tensors too, and runs for real only when the model needs values.
 
     Args:
         target: the resolved model.
@@ -155,57 +179,160 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
     """
-    kwargs = kwargs or {}
+    with _capture_context():
+        return _capture(target, specs, kwargs or {}, dtype, method)
+
+
+def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
+             method: str) -> Captured:
     failures: dict[str, str] = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = target.instance
-    if method in ("auto", "fx", "export"):
-        model = build_fake(target, kwargs, dtype, fake_mode, specs)
-        _check_arity(model, specs)
-        names, numel, weight_keys = _weight_maps(model)
-        inputs = make_inputs(specs, dtype, fake_mode)
-        for kind in ("fx", "export"):
-            if method not in ("auto", kind):
-                continue
-            watcher = SyncWatcher() if kind == "export" else contextlib.nullcontext()
-            try:
-                with quiet(), watcher:
-                    gm = trace_fx(model) if kind == "fx" else trace_export(model, inputs)
-            except Exception as exc:
-                failures[kind] = short(exc)
-                continue
-            recorder = OpRecorder(weight_keys, set(names))
-            try:
-                _interpret(gm, inputs, fake_mode, recorder)
-            except _NodeFailure as failure:
-                if _data_dependent(failure.exc):
-                    # .item(), nonzero(), ...: values fake tensors do not have; a real run will
-                    failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
-                    failures.setdefault("export", "skipped: the model needs tensor values")
-                    break
-                if _model_rejects(model, inputs, fake_mode):
-                    hint = f"inputs were {shape_str(inputs)}"
-                    if "Long, Int" in str(failure.exc):
-                        hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
-                    raise ArchscanError(failure.describe(type(model).__name__), hint=hint) from failure.exc
-                failures[kind] = f"graph did not run: {short(failure.exc)}"
-                continue
-            syncs = watcher.records() if isinstance(watcher, SyncWatcher) else ()
-            return Captured(gm, kind, model, _notes(failures), names, numel, failures, _was_training(target), syncs)
-        if method != "auto":
-            raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
-                               hint="use --capture auto to let archscan fall back to another capture")
-    # eager: a real run on a random input, with real weights: check they fit first
-    _check_real_fits(model, specs, dtype, failures)
-    model = build_real(target, kwargs, dtype, specs)
+    model = build_fake(target, kwargs, dtype, fake_mode, specs)
+    hooks = strip_user_hooks(model)
     _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
+    inputs = make_inputs(specs, dtype, fake_mode)
+
+    def captured(gm, kind, notes=(), syncs=(), real_model=None) -> Captured:
+        return Captured(gm, kind, real_model if real_model is not None else model, _notes(failures) + list(notes)
+                        + _hook_notes(hooks), names, numel, failures, _was_training(target), tuple(syncs),
+                        fake=real_model is None)
+
+    if method in ("auto", "fx"):
+        gm = _try_graph("fx", model, inputs, fake_mode, weight_keys, names, failures)
+        if gm is not None:
+            return captured(gm, "fx")
+    recording = None
+    if method in ("auto", "eager"):
+        watcher = SyncWatcher()
+        try:
+            with watcher:
+                recording = capture_eager(model, inputs, weight_keys, set(names), target.source_file, fake_mode)
+        except CaptureError as exc:
+            if not needs_values(exc.__cause__):
+                raise  # the model fails on these inputs: a real run would fail the same way
+            why = f"the model needs tensor values{at(exc.__cause__, target.source_file)}: {short(exc.__cause__)}"
+            failures["export" if method == "auto" else "eager on fake tensors"] = f"skipped: {why}"
+    if method == "export" or (method == "auto" and recording is not None):
+        watcher = SyncWatcher()
+        gm = _try_graph("export", model, inputs, fake_mode, weight_keys, names, failures, watcher)
+        if gm is not None:
+            return captured(gm, "export", syncs=watcher.records())
+    if method in ("fx", "export"):
+        raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
+                           hint="use --capture auto to let archscan fall back to another capture")
+    if recording is not None:
+        return captured(recording, "eager", ["eager capture: one forward pass recorded on fake tensors "
+                                             "(no values needed, nothing computed)"], watcher.records())
+    # the model reads tensor values: a real run on seeded random inputs, with real weights
+    _check_real_fits(model, specs, dtype, failures)
+    real = build_real(target, kwargs, dtype, specs)
+    strip_user_hooks(real)
+    names, numel, weight_keys = _weight_maps(real)
+    torch.manual_seed(0)
     inputs = make_inputs(specs, dtype)
     watcher = SyncWatcher()
     with watcher:
-        gm = capture_eager(model, inputs, weight_keys, set(names), target.source_file)
-    notes = _notes(failures) + ["eager capture: the analysis covers the path the model took for one random input"]
-    return Captured(gm, "eager", model, notes, names, numel, failures, _was_training(target), watcher.records())
+        gm = capture_eager(real, inputs, weight_keys, set(names), target.source_file)
+    note = ("eager capture: the model reads tensor values, so it ran once for real on seeded random inputs "
+            f"({_input_note(specs)}); the analysis covers the path taken for those values")
+    return captured(gm, "eager", [note], watcher.records(), real_model=real)
+
+
+def _try_graph(kind: str, model: nn.Module, inputs, fake_mode, weight_keys, names, failures: dict,
+               watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
+    """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
+    when it does not work. A model that rejects its inputs is an input error, raised."""
+    try:
+        with quiet(), watcher or contextlib.nullcontext():
+            gm = trace_fx(model) if kind == "fx" else trace_export(model, inputs)
+    except Exception as exc:
+        failures[kind] = short(exc)
+        return None
+    recorder = OpRecorder(weight_keys, set(names))
+    try:
+        _interpret(gm, inputs, fake_mode, recorder)
+    except _NodeFailure as failure:
+        if needs_values(failure.exc):
+            failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
+            return None
+        if _model_rejects(model, inputs, fake_mode):
+            hint = f"inputs were {shape_str(inputs)}"
+            if "Long, Int" in str(failure.exc):
+                hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
+            raise ArchscanError(failure.describe(type(model).__name__), hint=hint) from failure.exc
+        failures[kind] = f"graph did not run: {short(failure.exc)}"
+        return None
+    return gm
+
+
+@contextlib.contextmanager
+def seeded_rng():
+    """Seed torch's RNG (random inputs, weight initialisers, the model's own sampling) so a scan
+    is repeatable, and give the caller back the RNG state it had."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(0)
+        yield
+
+
+@contextlib.contextmanager
+def _capture_context():
+    """What every capture runs under: a seeded RNG (see ``seeded_rng``), fused fast paths off (see
+    README "Capture": fx, export and eager then see the same ops), and the global module hooks
+    the user registered set aside."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    hooks = nn.modules.module
+    saved = {name: getattr(hooks, name).copy() for name in _GLOBAL_HOOKS if hasattr(hooks, name)}
+    with seeded_rng():
+        torch.backends.mha.set_fastpath_enabled(False)
+        for name in saved:
+            getattr(hooks, name).clear()
+        try:
+            yield
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+            for name, value in saved.items():
+                getattr(hooks, name).update(value)
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_forward_hooks_always_called",
+                 "_global_forward_hooks_with_kwargs", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _kept_hook(hook) -> bool:
+    """Hooks that compute what forward uses are part of the model (``weight_norm``,
+    ``spectral_norm``, ``torch.nn.utils.prune``): torch's own hook objects."""
+    owner = hook.__self__ if hasattr(hook, "__self__") else hook
+    return (type(owner).__module__ or "").startswith("torch.nn.utils")
+
+
+def strip_user_hooks(model: nn.Module) -> list[str]:
+    """Remove the forward hooks a model's modules carry, except torch's own weight hooks; returns
+    where they were. A hook that collects features or calls ``.numpy()`` would see fx proxies or
+    fake tensors, fail, or fill the user's lists with them: the analysis is of forward itself."""
+    removed = []
+    for path, module in model.named_modules():
+        for store in ("_forward_hooks", "_forward_pre_hooks"):
+            hooks = getattr(module, store, None)
+            for key, hook in list((hooks or {}).items()):
+                if store == "_forward_pre_hooks" and _kept_hook(hook):
+                    continue
+                del hooks[key]
+                removed.append(path or type(model).__name__)
+    return removed
+
+
+def _hook_notes(removed: list[str]) -> list[str]:
+    if not removed:
+        return []
+    where = ", ".join(sorted(set(removed))[:3]) + (", ..." if len(set(removed)) > 3 else "")
+    return [f"{len(removed)} forward hook(s) on the model ({where}) were not run: the analysis covers forward itself"]
+
+
+def _input_note(specs: Sequence[InputSpec]) -> str:
+    kinds = {"floats ~ N(0, 1)" if s.dtype.is_floating_point else "integers all 0" for s in specs}
+    return "torch.manual_seed(0); " + ", ".join(sorted(kinds))
 
 
 def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype: torch.dtype | None,
@@ -226,8 +353,9 @@ def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype:
 
 
 def _notes(failures: dict[str, str]) -> list[str]:
-    """One line naming the captures that failed and why (none when nothing failed)."""
-    return ["; ".join(f"{k} failed ({v})" for k, v in failures.items())] if failures else []
+    """One line naming the captures that failed or were skipped, and why (none when nothing failed)."""
+    return ["; ".join(f"{k} skipped ({v.removeprefix('skipped: ')})" if v.startswith("skipped: ") else f"{k} failed ({v})"
+                      for k, v in failures.items())] if failures else []
 
 
 def _was_training(target: ModelTarget) -> bool:
@@ -236,12 +364,14 @@ def _was_training(target: ModelTarget) -> bool:
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",
                    "UnsupportedOperatorException", "DataDependentOutputError")
+_NEEDS_VALUES_TEXT = ("not supported for tensor subclasses", "Cannot access data pointer", "Cannot access storage")
 
 
-def _data_dependent(exc: BaseException) -> bool:
-    """Did a fake-tensor run fail because it needed real tensor values?"""
+def needs_values(exc: BaseException | None) -> bool:
+    """Did a fake-tensor run fail because it needed real tensor values (``.item()``, a
+    tensor-valued ``if``, ``nonzero``, ``.numpy()``, an op without a fake kernel)?"""
     while exc is not None:
-        if type(exc).__name__ in _DATA_DEPENDENT:
+        if type(exc).__name__ in _DATA_DEPENDENT or any(t in str(exc) for t in _NEEDS_VALUES_TEXT):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

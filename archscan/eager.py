@@ -1,22 +1,26 @@
-"""The eager capture: run the real model once and rebuild its graph from the aten ops it executes.
+"""The eager capture: run the model once and rebuild its graph from the aten ops it executes.
 
-For models that defeat both torch.fx and torch.export (tensor-valued control flow, ``.item()``):
-a ``TorchDispatchMode`` records every aten op with its module (forward hooks keep the module
-stack) and data flow follows tensor identity. The graph covers the path taken for that input.
+For models that defeat torch.fx and torch.export: a ``TorchDispatchMode`` records every aten op
+with its module (forward hooks keep the module stack) and data flow follows tensor identity.
+It runs on fake tensors when the model does not need values (nothing is computed or
+allocated); a model whose forward reads values (``.item()``, tensor-valued ``if``) runs for
+real, and the graph covers the path taken for that input.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
 import torch.fx
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .costs import storage_key, tensors_in
 from .errors import CaptureError
 from .frames import at, short
-from .recording import NodeCosts, OpRecorder, first_tensor, python_stack, quiet
+from .recording import NodeCosts, OpRecorder, first_tensor, output_tensors, python_stack, quiet
 
 
 class _EagerGraphBuilder:
@@ -82,19 +86,24 @@ class _EagerGraphBuilder:
             self.stack.pop()
 
     def finish(self, out) -> torch.fx.GraphModule:
-        self.graph.output(self._arg(out) if isinstance(out, (torch.Tensor, tuple, list)) else None)
+        self.graph.output(tuple(self._arg(t) for t in output_tensors(out)))
         return torch.fx.GraphModule(self.model, self.graph, self.model.__class__.__name__)
 
 
 def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys: set, param_keys: set,
-                  source_file: str | None) -> torch.fx.GraphModule:
-    """Run the real model once, recording every aten op with its module."""
+                  source_file: str | None, fake_mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
+    """Run the model once, recording every aten op with its module: on fake tensors under
+    ``fake_mode`` (nothing computed; fails where the model needs values), else for real.
+
+    Raises:
+        CaptureError: the model failed; its ``__cause__`` is the model's exception.
+    """
     recorder = OpRecorder(weight_keys, param_keys)
     builder = _EagerGraphBuilder(model, inputs, recorder)
     pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
     post = nn.modules.module.register_module_forward_hook(builder.post_hook)
     try:
-        with torch.no_grad(), recorder, quiet():
+        with fake_mode or contextlib.nullcontext(), torch.no_grad(), recorder, quiet():
             out = model(*inputs)
     except Exception as exc:
         where = ""

@@ -8,9 +8,11 @@ import logging
 import sys
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
+import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import OpCost, cost_op, storage_key, tensors_in
@@ -110,6 +112,29 @@ def _user_frame(frame):
 
 def first_tensor(value) -> torch.Tensor | None:
     return next(iter(tensors_in(value)), None)
+
+
+def output_tensors(value: Any) -> tuple[torch.Tensor, ...]:
+    """The tensors in a model's output, in order, through containers of any kind (tuples, dicts,
+    dataclasses, cache objects): each object once, modules skipped (they are not outputs)."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif x is None or isinstance(x, (int, float, bool, str, bytes, nn.Module)) or id(x) in seen:
+            continue
+        else:
+            seen.add(id(x))
+            if isinstance(x, dict):
+                stack.extend(reversed(list(x.values())))
+            elif isinstance(x, (list, tuple)):
+                stack.extend(reversed(x))
+            elif hasattr(x, "__dict__"):
+                stack.extend(reversed(list(vars(x).values())))
+    return tuple(out)
 
 
 def shape_str(value) -> str:
