@@ -62,7 +62,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         model: an ``nn.Module`` instance, a module class or factory, or a target string
             ('file.py:Net', 'pkg.mod:factory', 'zoo:resnet50').
         inputs: one input or a list of them: shapes (``(1, 3, 224, 224)``), specs
-            (``'1,128:int64'``) or example tensors (only their shape and dtype are used).
+            (``'1,128:int64'``, ``'attention_mask=1,128:int64'`` for a keyword argument) or example
+            tensors (only their shape and dtype are used); or a dict of keyword arguments.
         kwargs: constructor arguments when ``model`` is a class, factory or target string.
         dtype: run the model in this dtype (e.g. ``torch.bfloat16`` or ``'bf16'``).
         capture_method: ``'auto'`` (fx, then export, then eager) or one of them.
@@ -77,15 +78,17 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     """
     if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
         inputs = [inputs]  # one input, not a list of them
-    if isinstance(inputs, dict) or any(isinstance(x, dict) for x in inputs):
-        raise ArchscanError("dict inputs are not supported",
-                            hint="wrap the model in a module whose forward takes tensors and builds the dict")
+    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
+        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
+    if any(isinstance(x, dict) for x in inputs):
+        raise ArchscanError("nested dict inputs are not supported",
+                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     if dtype is not None and not dtype.is_floating_point:
         raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
     # float32 inputs run in the model's dtype: say so in the report
-    specs = [InputSpec(s.shape, dtype) if dtype is not None and s.dtype == torch.float32 else s
+    specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
              for s in map(_to_spec, inputs)]
     if not specs:
         raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
@@ -175,23 +178,69 @@ _DEVICE_METHODS = {"to", "cuda", "cpu"}
 
 
 def _placement_attrs(node: torch.fx.Node) -> dict:
-    """Where a node creates or moves tensors: host factories without ``device=``, ``.to(device)``."""
+    """Where a node's tensors come from: host factories without ``device=``, ``.to(device)``, and the
+    graph inputs and attributes it shares with other nodes.
+
+    ``shared_inputs`` names the placeholders and get_attr nodes (not report nodes themselves) that
+    this node reads and at least one other node reads too: ``archscan.graph`` finds fork/join blocks
+    that fork there (an inception block on the model input). A ``torch.tensor(...)`` that export or
+    the eager capture record as ``lift_fresh`` has lost its ``device=`` argument: the call on the
+    node's source line tells whether it passed one (fx keeps it as a kwarg). Export's stack traces
+    stop at the innermost ``forward``, so a call made in a helper below it (Hugging Face cache
+    code) is not on that line: ``host_factory_unchecked`` says so, unless the tensor is 0-dim with
+    no call on the line, a Python number torch wrapped, which kernels take as a scalar.
+    """
+    import ast
+    import linecache
+
+    def runs(user: torch.fx.Node) -> bool:  # kept as a report node (build_report's test)
+        costs = user.meta.get("archscan")
+        return costs is not None and (bool(costs.ops) or costs.out_shape is not None)
+
+    def passes_device(source: str | None) -> bool | None:
+        """Does every torch.tensor/as_tensor call that starts on the source line pass a device?
+        None when no such call starts there (or the line cannot be read)."""
+        fname, _, line = (source or "").rpartition(":")
+        if not (fname and line.isdigit()):
+            return None
+        lines, first = linecache.getlines(fname), int(line)
+        for end in range(first, min(first + 20, len(lines)) + 1):  # a call may span lines
+            try:
+                tree = ast.parse("".join(lines[first - 1:end]).strip())
+            except SyntaxError:
+                continue
+            calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == 1
+                     and getattr(c.func, "attr", getattr(c.func, "id", None)) in ("tensor", "as_tensor", "asarray")]
+            return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                           for k in c.keywords) for c in calls) if calls else None
+        return None
+
+    attrs: dict = {}
+    shared = [a.name for a in node.all_input_nodes
+              if a.op in ("placeholder", "get_attr") and sum(map(runs, a.users)) > 1]
+    if shared:
+        attrs["shared_inputs"] = shared
     target = node.target
-    if node.op == "call_function" and target in _HOST_FACTORIES and "device" not in node.kwargs:
-        return {"host_factory": True}
-    if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+    if node.op == "call_function" and target in _HOST_FACTORIES and node.kwargs.get("device") is None:
+        attrs["host_factory"] = True
+    elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
         name = target.overloadpacket.__name__
         if name in ("lift_fresh", "lift_fresh_copy"):
-            return {"host_factory": True}
-        if name == "_to_copy" and node.kwargs.get("device") is not None:
-            return {"device_move": True}
-    if node.op == "call_method" and target in _DEVICE_METHODS:
+            device, costs = passes_device(source_of(node)), node.meta.get("archscan")
+            scalar = costs is not None and costs.out_shape == ()  # a Python number wrapped (x[:, 0] = 5)
+            if device is None and not scalar:
+                attrs["host_factory_unchecked"] = True
+            elif device is False:
+                attrs["host_factory"] = True
+        elif name == "_to_copy" and node.kwargs.get("device") is not None:
+            attrs["device_move"] = True
+    elif node.op == "call_method" and target in _DEVICE_METHODS:
         moves = target != "to" or any(isinstance(a, (str, torch.device)) or (isinstance(a, torch.fx.Node)
                                       and a.op == "call_function" and a.target is getattr)
                                       for a in list(node.args[1:]) + [node.kwargs.get("device")])
         if moves:
-            return {"device_move": True, "to_host": target == "cpu"}
-    return {}
+            attrs.update(device_move=True, to_host=target == "cpu")
+    return attrs
 
 
 def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype) -> Report:
@@ -258,11 +307,26 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
 
 
 def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
-    """Tensors fx baked as constants: the model's forward builds them on the host each call."""
+    """Tensors fx baked as constants that forward builds on the host each call.
+
+    fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
+    archscan builds every parameter and buffer as a fake tensor and fx traces outside fake mode, so a
+    fake constant was computed from them (``self.relative_position_index.view(-1)`` in Swin, BEiT,
+    MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
+    or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from .costs import storage_key
+
+    registered = {storage_key(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]
+                  if not name.rpartition(".")[2].startswith("_tensor_constant")}  # fx registers constants too
     out = []
     for node in gm.graph.nodes:
         if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
             value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or storage_key(value) in registered):
+                continue  # the model's own state, viewed or computed at trace time
             for user in node.users:
                 out.append({"name": node.target, "consumer": user.name, "source": source_of(user),
                             "shape": list(value.shape) if isinstance(value, torch.Tensor) else None})

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.fx
+import torch.fx._pytree as fx_pytree
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -173,10 +176,10 @@ def _materialize_lazy(model: nn.Module, specs: Sequence[InputSpec], device: torc
     if not specs:
         raise CaptureError(f"lazy modules ({', '.join(lazy[:3])}) need a first forward to shape their weights",
                            hint="pass --input so archscan can run it")
-    inputs = make_inputs(specs, None, device=device)
+    call = make_call(specs, None, device=device)
     try:
         with torch.no_grad(), quiet():
-            model(*inputs)
+            call(model)
     except Exception as exc:
         raise CaptureError(f"lazy modules ({', '.join(lazy[:3])}) need a first forward to shape their weights, "
                            f"and it failed{at(exc)}: {short(exc)}") from exc
@@ -197,6 +200,49 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
     """
     _replace_tensors(model, lambda t: t.detach().to(dtype), _same_kind_of_param,
                      skip=lambda t: not t.is_floating_point())
+
+
+@dataclass(frozen=True)
+class Call:
+    """Example inputs as forward takes them: positional ``args``, then ``kwargs`` by name."""
+
+    args: tuple
+    kwargs: dict
+
+    @classmethod
+    def of(cls, specs: Sequence[InputSpec], tensors: Sequence[torch.Tensor]) -> "Call":
+        return cls(tuple(t for s, t in zip(specs, tensors) if not s.name),
+                   {s.name: t for s, t in zip(specs, tensors) if s.name})
+
+    def __call__(self, fn: Callable) -> Any:
+        return fn(*self.args, **self.kwargs)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.args, *self.kwargs.values()]
+
+    def graph_args(self, gm: torch.fx.GraphModule) -> list:
+        """Values for a traced graph's placeholders, in their order: an exported graph flattens
+        (args, kwargs) by its input spec; an fx graph has one placeholder per forward argument."""
+        spec = getattr(gm, "_in_spec", None)
+        if spec is not None:
+            return fx_pytree.tree_flatten_spec((self.args, self.kwargs), spec)
+        values = []
+        for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+            if i < len(self.args):
+                values.append(self.args[i])
+            elif node.target in self.kwargs:
+                values.append(self.kwargs[node.target])
+            elif node.args:
+                values.append(node.args[0])  # the argument's default
+            else:
+                break
+        return values
+
+
+def make_call(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None,
+              device: torch.device | None = None) -> Call:
+    """``make_inputs``, arranged as forward takes them."""
+    return Call.of(specs, make_inputs(specs, model_dtype, fake_mode, device))
 
 
 def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None,

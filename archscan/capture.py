@@ -29,7 +29,7 @@ import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .building import build_fake, build_real, make_inputs
+from .building import Call, build_fake, build_real, make_call
 from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
@@ -80,14 +80,28 @@ class _Tracer(torch.fx.Tracer):
         return proxy
 
 
-def trace_fx(model: nn.Module) -> torch.fx.GraphModule:
-    """torch.fx symbolic trace with stack traces recorded (for file:line in findings)."""
+def trace_fx(model: nn.Module, call: Call | None = None) -> torch.fx.GraphModule:
+    """torch.fx symbolic trace with stack traces recorded (for file:line in findings). Forward
+    arguments that ``call`` does not pass are traced as their defaults (``mask=None`` stays None)."""
     tracer = _Tracer()
-    graph = tracer.trace(model)
+    graph = tracer.trace(model, concrete_args=_defaults_not_given(model, call) if call is not None else None)
     return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
 
 
-def trace_export(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
+def _defaults_not_given(model: nn.Module, call: Call) -> dict[str, Any] | None:
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    given = {p.name for p in params[:len(call.args)]} | set(call.kwargs)
+    return {p.name: p.default for p in params
+            if p.name not in given and p.default is not p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} or None
+
+
+def trace_export(model: nn.Module, call: Call) -> torch.fx.GraphModule:
     """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack.
 
     Whatever forward returns (a Hugging Face ``DynamicCache`` inside a ``ModelOutput``, any
@@ -102,7 +116,7 @@ def trace_export(model: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.fx.G
 
     model.forward = flat_forward  # on this instance only: export still sees the same module tree
     try:
-        ep = torch.export.export(model, tuple(inputs), strict=False)
+        ep = torch.export.export(model, call.args, call.kwargs, strict=False)
     finally:
         del model.forward
     return ep.module()
@@ -154,10 +168,10 @@ class _NodeFailure(Exception):
         return f"{where}{' at ' + src if src else ''} rejected input of shape {self.shapes}: {msg}"
 
 
-def _interpret(gm, inputs, fake_mode, recorder) -> None:
+def _interpret(gm, call: Call, fake_mode, recorder) -> None:
     interp = CostInterpreter(gm, recorder)
     with fake_mode, recorder, torch.no_grad(), quiet():
-        interp.run(*inputs)
+        interp.run(*call.graph_args(gm))
 
 
 # --- the entry point -----------------------------------------------------------------------------------
@@ -191,7 +205,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     hooks = strip_user_hooks(model)
     _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
-    inputs = make_inputs(specs, dtype, fake_mode)
+    call = make_call(specs, dtype, fake_mode)
 
     def captured(gm, kind, notes=(), syncs=(), real_model=None) -> Captured:
         return Captured(gm, kind, real_model if real_model is not None else model, _notes(failures) + list(notes)
@@ -199,7 +213,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
                         fake=real_model is None)
 
     if method in ("auto", "fx"):
-        gm = _try_graph("fx", model, inputs, fake_mode, weight_keys, names, failures)
+        gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
         if gm is not None:
             return captured(gm, "fx")
     recording = None
@@ -207,7 +221,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         watcher = SyncWatcher()
         try:
             with watcher:
-                recording = capture_eager(model, inputs, weight_keys, set(names), target.source_file, fake_mode)
+                recording = capture_eager(model, call, weight_keys, set(names), target.source_file, fake_mode)
         except CaptureError as exc:
             if not needs_values(exc.__cause__):
                 raise  # the model fails on these inputs: a real run would fail the same way
@@ -215,7 +229,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
             failures["export" if method == "auto" else "eager on fake tensors"] = f"skipped: {why}"
     if method == "export" or (method == "auto" and recording is not None):
         watcher = SyncWatcher()
-        gm = _try_graph("export", model, inputs, fake_mode, weight_keys, names, failures, watcher)
+        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
         if gm is not None:
             return captured(gm, "export", syncs=watcher.records())
     if method in ("fx", "export"):
@@ -230,34 +244,34 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     strip_user_hooks(real)
     names, numel, weight_keys = _weight_maps(real)
     torch.manual_seed(0)
-    inputs = make_inputs(specs, dtype)
+    call = make_call(specs, dtype)
     watcher = SyncWatcher()
     with watcher:
-        gm = capture_eager(real, inputs, weight_keys, set(names), target.source_file)
+        gm = capture_eager(real, call, weight_keys, set(names), target.source_file)
     note = ("eager capture: the model reads tensor values, so it ran once for real on seeded random inputs "
             f"({_input_note(specs)}); the analysis covers the path taken for those values")
     return captured(gm, "eager", [note], watcher.records(), real_model=real)
 
 
-def _try_graph(kind: str, model: nn.Module, inputs, fake_mode, weight_keys, names, failures: dict,
+def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
                watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
     """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
     when it does not work. A model that rejects its inputs is an input error, raised."""
     try:
         with quiet(), watcher or contextlib.nullcontext():
-            gm = trace_fx(model) if kind == "fx" else trace_export(model, inputs)
+            gm = trace_fx(model, call) if kind == "fx" else trace_export(model, call)
     except Exception as exc:
         failures[kind] = short(exc)
         return None
     recorder = OpRecorder(weight_keys, set(names))
     try:
-        _interpret(gm, inputs, fake_mode, recorder)
+        _interpret(gm, call, fake_mode, recorder)
     except _NodeFailure as failure:
         if needs_values(failure.exc):
             failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
             return None
-        if _model_rejects(model, inputs, fake_mode):
-            hint = f"inputs were {shape_str(inputs)}"
+        if _model_rejects(model, call, fake_mode):
+            hint = f"inputs were {shape_str(call.tensors())}"
             if "Long, Int" in str(failure.exc):
                 hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
             raise ArchscanError(failure.describe(type(model).__name__), hint=hint) from failure.exc
@@ -378,31 +392,52 @@ def needs_values(exc: BaseException | None) -> bool:
 
 
 def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
-    """One clear message when the number of --input does not fit forward's signature."""
+    """One clear message when the --input list does not fit forward's signature."""
     import inspect
 
     try:
         params = list(inspect.signature(model.forward).parameters.values())  # bound: no self
     except (TypeError, ValueError):
         return
+    forward = f"{type(model).__name__}.forward"
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = sum(1 for p in positional if p.default is p.empty)
+    by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    any_name = any(p.kind == p.VAR_KEYWORD for p in params)
+    n_pos = sum(1 for s in specs if not s.name)
+    names = [s.name for s in specs if s.name]
+    first_named = next((i for i, s in enumerate(specs) if s.name), len(specs))
+    if any(not s.name for s in specs[first_named:]):
+        raise ArchscanError("a positional --input follows a named one", hint="give positional inputs first, in order")
+    for name in names:
+        if names.count(name) > 1:
+            raise ArchscanError(f"--input {name}= is given twice", hint="name each forward argument once")
+        if name not in by_name and not any_name:
+            raise ArchscanError(f"{forward} has no argument {name!r}",
+                                hint=f"its arguments are: {', '.join(p.name for p in params) or 'none'}")
+        if name in [p.name for p in positional[:n_pos]]:
+            raise ArchscanError(f"--input {name}= names an argument a positional --input already fills",
+                                hint="give each forward argument once, by position or by name")
+    given = {p.name for p in positional[:n_pos]} | set(names)
+    missing = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                                             p.KEYWORD_ONLY) and p.name not in given]
     most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
-    if not required <= len(specs) <= most:
+    if missing or n_pos > most:
+        required = sum(1 for p in positional if p.default is p.empty)
         want = (f"{required}" if required == most else f"at least {required}" if most == float("inf")
                 else f"{required} to {most}")
         raise ArchscanError(
-            f"{type(model).__name__}.forward takes {want} input(s) ({', '.join(p.name for p in positional)}) "
-            f"but {len(specs)} --input {'was' if len(specs) == 1 else 'were'} given",
-            hint="pass one --input per tensor argument, in order",
+            f"{forward} takes {want} input(s) ({', '.join(p.name for p in positional)}) "
+            f"but {len(specs)} --input {'was' if len(specs) == 1 else 'were'} given"
+            + (f"; {', '.join(missing)} missing" if missing and names else ""),
+            hint="pass one --input per tensor argument, in order, or by name: --input attention_mask=1,128:int64",
         )
 
 
-def _model_rejects(model: nn.Module, inputs, fake_mode) -> bool:
+def _model_rejects(model: nn.Module, call: Call, fake_mode) -> bool:
     """Does the model itself (not just its traced graph) fail on these fake inputs?"""
     try:  # under a recorder: it makes the checks the fake kernels of older torch skip
         with fake_mode, OpRecorder(set(), set()), torch.no_grad(), quiet():
-            model(*inputs)
+            call(model)
     except Exception:
         return True
     return False

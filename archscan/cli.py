@@ -92,9 +92,9 @@ def scan_cmd(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
-        from .report import render_text
+        from .report.text import render_text, terminal_width
 
-        typer.echo(render_text(report, depth=depth, per_node=nodes))
+        typer.echo(render_text(report, depth=depth, per_node=nodes, width=terminal_width()))
     if device_error is not None:
         raise device_error
     worst = worst_severity(report)
@@ -145,21 +145,26 @@ def calibrate_cmd(
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="small problems and budgets: seconds, less accurate; replaces the cached profile")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    force: Annotated[bool, typer.Option("--force", help="save the profile even when its measurements are unstable")] = False,
 ) -> None:
     """Measure this device once (matmul FLOP/s per dtype, bandwidth, launch overhead) and cache its profile."""
-    from .measure import MeasureOptions, calibrate, check_options, check_profile_dir, save_profile
+    from .measure import MeasureOptions, calibrate, check_options, check_profile_dir, instability, instability_error, save_profile
 
     where = check_options(MeasureOptions(device=device, threads=threads))[0]
     check_profile_dir()  # before minutes of measuring, not after
     with _status("calibrating") as say:
         profile = calibrate(where, threads=threads, quick=quick, progress=say)
-    try:
-        path, save_error = save_profile(profile), None
-    except OSError as exc:  # the measurement is printed all the same
-        path, save_error = None, ArchscanError(f"the profile could not be saved: {exc}",
-                                               hint="set ARCHSCAN_CACHE_DIR to a writable directory")
+    path = None
+    save_error = None if force else instability_error(profile)  # an unstable profile is printed, not cached
+    if save_error is None:
+        try:
+            path = save_profile(profile)
+        except OSError as exc:  # the measurement is printed all the same
+            save_error = ArchscanError(f"the profile could not be saved: {exc}",
+                                       hint="set ARCHSCAN_CACHE_DIR to a writable directory")
     if as_json:
-        typer.echo(json.dumps(profile.to_json(), indent=1))
+        typer.echo(json.dumps({**profile.to_json(), "unstable": instability(profile),
+                               "saved": str(path) if path is not None else None}, indent=1))
     else:
         typer.echo(_profile_text(profile, path))
     if save_error is not None:
@@ -167,19 +172,33 @@ def calibrate_cmd(
 
 
 def _profile_text(profile, path) -> str:
-    """A calibrated profile as aligned label/value lines."""
+    """A calibrated profile as aligned label / value / spread lines; what is unstable says so."""
+    from .measure import instability
     from .report.text import fmt_count
 
-    rows = [("device", f"{profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""))]
-    rows += [(f"matmul {dt}", f"{fmt_count(rate)} multiply-adds/s") for dt, rate in profile.peak_flops.items()]
-    rows += [(cat, f"{fmt_count(rate)} multiply-adds/s (float32)") for cat, rate in profile.class_flops.items()]
-    rows.append(("bandwidth", f"{profile.bandwidth / 1e9:.1f} GB/s (large copy)"))
-    rows += [(cat, f"{bw / 1e9:.1f} GB/s") for cat, bw in profile.class_bandwidth.items()]
-    rows.append(("overhead", f"{profile.launch_overhead_ms * 1e3:.1f} us per kernel; per call: " + ", ".join(
-        f"{cat} {ms * 1e3:.1f} us" for cat, ms in profile.class_overhead_ms.items())))
-    rows.append(("saved", str(path) if path is not None else "not saved"))
-    width = max(len(label) for label, _ in rows) + 2
-    return "\n".join(f"{label:<{width}}{value}" for label, value in rows)
+    # (label, value, key of the quantity in profile.spread)
+    rows = [("device", f"{profile.device} ({profile.name})" + (f", {profile.threads} threads" if profile.threads else ""),
+             None)]
+    rows += [(f"matmul {dt}", f"{fmt_count(rate)} multiply-adds/s", f"peak_flops.{dt}")
+             for dt, rate in profile.peak_flops.items()]
+    rows += [(cat, f"{fmt_count(rate)} multiply-adds/s (float32)", f"class_flops.{cat}")
+             for cat, rate in profile.class_flops.items()]
+    rows.append(("bandwidth", f"{profile.bandwidth / 1e9:.1f} GB/s (large copy)", "bandwidth"))
+    rows += [(cat, f"{bw / 1e9:.1f} GB/s", f"class_bandwidth.{cat}") for cat, bw in profile.class_bandwidth.items()]
+    rows.append(("launch overhead", f"{profile.launch_overhead_ms * 1e3:.1f} us per kernel", "launch_overhead_ms"))
+    rows += [(f"{cat} overhead", f"{ms * 1e3:.1f} us per call", f"class_overhead_ms.{cat}")
+             for cat, ms in profile.class_overhead_ms.items()]
+    problems = instability(profile)
+    saved = str(path) if path is not None else "not saved" + (" (unstable)" if problems else "")
+    rows.append(("saved", saved, None))
+    width = max(len(label) for label, _, _ in rows) + 2
+    value_width = max(len(value) for _, value, key in rows if key) + 2
+    lines = []
+    for label, value, key in rows:
+        spread = f"spread {100 * profile.spread[key]:.1f}%" if key in profile.spread else ""
+        note = "  ".join(x for x in (spread, f"UNSTABLE: {problems[key]}" if key in problems else "") if x)
+        lines.append(f"{label:<{width}}{value:<{value_width}}{note}" if note else f"{label:<{width}}{value}")
+    return "\n".join(lines)
 
 
 @app.command("guidelines")

@@ -10,13 +10,14 @@ real, and the graph covers the path taken for that input.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .building import Call
 from .costs import storage_key, tensors_in
 from .errors import CaptureError
 from .frames import at, short
@@ -26,7 +27,7 @@ from .recording import NodeCosts, OpRecorder, first_tensor, output_tensors, pyth
 class _EagerGraphBuilder:
     """Builds an fx graph from the aten ops a real run executes (data flow by tensor identity)."""
 
-    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], recorder: OpRecorder):
+    def __init__(self, model: nn.Module, call: Call, recorder: OpRecorder):
         self.model = model
         self.graph = torch.fx.Graph()
         self.produced: dict[int, torch.fx.Node] = {}
@@ -37,9 +38,10 @@ class _EagerGraphBuilder:
             self.weights.setdefault(storage_key(p), name)
         for name, b in model.named_buffers():
             self.weights.setdefault(storage_key(b), name)
-        for i, x in enumerate(inputs):
-            node = self.graph.placeholder(f"input_{i}")
-            self.produced[id(x)] = node
+        for i, x in enumerate(call.args):
+            self.produced[id(x)] = self.graph.placeholder(f"input_{i}")
+        for name, x in call.kwargs.items():
+            self.produced[id(x)] = self.graph.placeholder(name)
         self.names = {id(m): n for n, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.recorder = recorder
@@ -90,7 +92,7 @@ class _EagerGraphBuilder:
         return torch.fx.GraphModule(self.model, self.graph, self.model.__class__.__name__)
 
 
-def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys: set, param_keys: set,
+def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: set,
                   source_file: str | None, fake_mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
     """Run the model once, recording every aten op with its module: on fake tensors under
     ``fake_mode`` (nothing computed; fails where the model needs values), else for real.
@@ -99,12 +101,12 @@ def capture_eager(model: nn.Module, inputs: Sequence[torch.Tensor], weight_keys:
         CaptureError: the model failed; its ``__cause__`` is the model's exception.
     """
     recorder = OpRecorder(weight_keys, param_keys)
-    builder = _EagerGraphBuilder(model, inputs, recorder)
+    builder = _EagerGraphBuilder(model, call, recorder)
     pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
     post = nn.modules.module.register_module_forward_hook(builder.post_hook)
     try:
         with fake_mode or contextlib.nullcontext(), torch.no_grad(), recorder, quiet():
-            out = model(*inputs)
+            out = call(model)
     except Exception as exc:
         where = ""
         if builder.stack:

@@ -5,8 +5,11 @@ STYLE.md asks). ``find_blocks`` finds building blocks two ways:
 
 * **module units** — a non-container module that sits in a container (``Sequential``,
   ``ModuleList``): ResNet's ``Bottleneck``, ShuffleNet's units, a ViT encoder block;
-* **fork/join regions** — when a model has no such modules: from a node with several users to
-  its immediate post-dominator (where the branches meet again).
+* **fork/join regions** — when a model has no such modules: from a fork to its immediate
+  post-dominator (where the branches meet again). A fork is any node with several users: a
+  layer's output, and also a model input or attribute (placeholder, get_attr) that several
+  nodes read — an inception block on the input ``x`` — which report nodes name in
+  ``attrs["shared_inputs"]``, since inputs and attributes are not report nodes themselves.
 
 For each block, the ShuffleNetV2 paper's "fragmented operators" (G3) are its convolution and
 pooling ops; ``series`` is the longest chain of them and ``parallel`` the largest set that
@@ -123,9 +126,23 @@ def module_units(report: Report) -> list[tuple[str, str]]:
     return [(p, t) for p, t in units if not any(p.startswith(q + ".") for q in paths if q != p)]
 
 
+def with_shared_inputs(g: nx.DiGraph) -> nx.DiGraph:
+    """``g`` plus the model inputs and attributes that several nodes read (``shared_inputs``), as
+    nodes of their own with an edge to each reader, so forks there are seen like any other."""
+    readers = [(src, n) for n, data in g.nodes(data=True)
+               for src in (data["node"].attrs.get("shared_inputs") or ()) if src not in g]
+    if not readers:
+        return g
+    full = g.copy()
+    full.add_edges_from(readers)
+    return full
+
+
 def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
-    """(fork, join, nodes) for every node with several users: the nodes after the fork up to and
-    including the join, where its branches meet again (its immediate post-dominator)."""
+    """(fork, join, nodes) for every node with several users, model inputs and attributes that
+    several nodes read included: the nodes after the fork up to and including the join, where its
+    branches meet again (its immediate post-dominator). The fork itself is not in ``nodes``."""
+    g = with_shared_inputs(g)
     if g.number_of_nodes() == 0:
         return []
     sink = "__sink__"

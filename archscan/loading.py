@@ -41,13 +41,15 @@ _DTYPE_ALIASES = {
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The shape and dtype of one example input."""
+    """The shape and dtype of one example input; ``name`` passes it to forward by keyword."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    name: str | None = None
 
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+        out = {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+        return {**out, "name": self.name} if self.name else out
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,15 @@ def parse_dtype(text: str) -> torch.dtype:
 
 
 def parse_input_spec(text: str) -> InputSpec:
-    """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids."""
+    """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids;
+    'decoder_input_ids=1,16:int64' passes the input to forward by keyword."""
     raw = text.strip()
+    name, eq, rest = raw.partition("=")
+    name = name.strip()
+    if eq and not name.isidentifier():
+        raise ArchscanError(f"malformed --input {text!r}: {name!r} is not an argument name",
+                            hint="name a forward argument: --input decoder_input_ids=1,16:int64")
+    raw = rest.strip() if eq else raw
     shape_text, _, dtype_text = raw.partition(":")
     parts = [p.strip() for p in shape_text.replace("x", ",").split(",") if p.strip()]
     try:
@@ -112,15 +121,15 @@ def parse_input_spec(text: str) -> InputSpec:
     if not shape or any(d <= 0 for d in shape):
         raise ArchscanError(
             f"malformed --input {text!r}",
-            hint="write a shape as comma-separated positive integers, optionally with a dtype: "
-            "--input 1,3,224,224 or --input 1,128:int64",
+            hint="write a shape as comma-separated positive integers, optionally with a dtype and a "
+            "forward argument name: --input 1,3,224,224, --input 1,128:int64, --input attention_mask=1,128:int64",
         )
     dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
     numel = math.prod(shape)
     if numel * dtype.itemsize >= 2**63:
         raise ArchscanError(f"--input {text!r} is too large: {numel:.3g} elements cannot be addressed",
                             hint="give the shape the model really takes, e.g. --input 1,3,224,224")
-    return InputSpec(shape, dtype)
+    return InputSpec(shape, dtype, name if eq else None)
 
 
 def _split_top_level(text: str) -> list[str]:

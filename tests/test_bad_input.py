@@ -188,8 +188,22 @@ def test_dict_input_through_the_library(net):
     import archscan
     from archscan.errors import ArchscanError
 
-    with pytest.raises(ArchscanError, match="dict inputs are not supported"):
-        archscan.scan(f"{net}:Net", {"x": (2, 8)})
+    assert archscan.scan(f"{net}:Net", {"x": (2, 8)}).totals.flops == 2 * 8 * 4  # forward's keyword arguments
+    with pytest.raises(ArchscanError, match="has no argument 'y'"):
+        archscan.scan(f"{net}:Net", {"y": (2, 8)})
+    with pytest.raises(ArchscanError, match="nested dict"):
+        archscan.scan(f"{net}:Net", [{"x": (2, 8)}])
+
+
+@pytest.mark.parametrize("inputs,needles", [
+    (["y=2,8"], ["has no argument 'y'", "x"]),
+    (["x=2,8", "x=2,8"], ["given twice"]),
+    (["2,8", "x=2,8"], ["already fills"]),
+    (["x=2,8", "2,8"], ["positional --input follows a named one"]),
+    (["1x=2,8"], ["not an argument name"]),
+])
+def test_named_inputs_that_do_not_fit(capsys, net, inputs, needles):
+    expect_error(capsys, 2, needles, f"{net}:Net", *[a for i in inputs for a in ("--input", i)])
 
 
 # --- model files: what Python imports, archscan imports ------------------------------------------------
@@ -419,13 +433,13 @@ def test_calibrate_prints_the_profile_when_saving_fails(capsys, monkeypatch):
 
     monkeypatch.setattr(profile, "save_profile", full_disk)
     monkeypatch.setattr("archscan.measure.save_profile", full_disk)
-    code, out, err = run(capsys, "calibrate", "--device", "cpu", "--quick")
+    code, out, err = run(capsys, "calibrate", "--device", "cpu", "--quick", "--force")
     assert code == 2 and "No space left" in one_error_line(err)
     assert "matmul float32" in out and "not saved" in out
 
 
 def test_calibrate_labels_do_not_run_into_values(capsys):
-    code, out, _ = run(capsys, "calibrate", "--device", "cpu", "--quick")
+    code, out, _ = run(capsys, "calibrate", "--device", "cpu", "--quick", "--force")
     assert code == 0
     for line in out.splitlines():
         label, _, value = line.partition("  ")

@@ -277,3 +277,264 @@ def test_any_failure_while_measuring_is_a_device_error(toy, monkeypatch):
     monkeypatch.setattr(run, "_measure", boom)
     with pytest.raises(DeviceError, match="failed while measuring on cpu: ValueError"):
         archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="cpu"))
+
+
+# --- unstable timings: retried, flagged, warned about; unstable calibrations not cached -------------------
+
+class CycleClock:
+    """Each timed call takes the next duration (ms) of ``durations``, over and over; with ``noisy``
+    off it takes the first one every time. [1, 2, 4, 8] makes any 5 or more consecutive samples,
+    or every other one, spread far over 25% (e.g. sorted 1 1 2 4 8: (4 - 1) / 2 = 150%)."""
+
+    def __init__(self, durations, noisy=True):
+        self.durations, self.noisy, self.calls = list(durations), noisy, 0
+
+    def start(self):
+        return None
+
+    def stop(self, token):
+        self.calls += 1
+        return self.durations[(self.calls - 1) % len(self.durations)] if self.noisy else self.durations[0]
+
+    def sync(self):
+        pass
+
+
+NOISE = [1.0, 2.0, 4.0, 8.0]
+# Ten times that for calibrations: every round overruns its budget, so none is repeated (quick tests;
+# the retries themselves are tested above).
+SLOW_NOISE = [10 * ms for ms in NOISE]
+
+
+def test_unstable_means_a_spread_over_a_quarter():
+    from archscan.measure import UNSTABLE_SPREAD, is_unstable
+
+    assert UNSTABLE_SPREAD == 0.25 and not is_unstable(0.25) and is_unstable(0.2501)
+    # sorted 1 2 3 4 5: (4 - 2) / 3 = 0.667
+    assert summarize([5.0, 1.0, 3.0, 2.0, 4.0]).unstable
+    # sorted 10 10 11 11 12: (11 - 10) / 11 = 0.091
+    steady = summarize([10.0, 11.0, 10.0, 12.0, 11.0])
+    assert not steady.unstable and steady.to_json()["unstable"] is False and steady.to_json()["rounds"] == 1
+
+
+def test_time_stable_retries_with_twice_the_repeats_until_stable():
+    from archscan.measure import time_stable
+
+    # round 1: 5 repeats (17 ms, budget 10), sorted 1 1 5 5 5: (5 - 1) / 5 = 0.8, unstable
+    # round 2: 10 repeats of 2 ms (budget 20), spread 0
+    clock = FakeClock([1.0, 5.0, 1.0, 5.0, 5.0] + [2.0] * 10)
+    stats = time_stable(lambda: None, clock, warmup=0, min_repeats=5, budget_ms=10.0)
+    assert (stats.rounds, stats.repeats, stats.median_ms, stats.unstable) == (2, 10, 2.0, False)
+    assert clock.calls == 15 and clock.syncs == 2 and clock.durations == [] and stats.total_ms == 17 + 20
+
+
+def test_time_stable_gives_up_with_the_steadiest_round():
+    from archscan.measure import time_stable
+
+    # round 1 (5 repeats, budget 10): sorted 1 1 5 5 5, spread 0.8
+    # round 2 (10, budget 20): sorted 1 1 1 2 2 2 2 2 3 4: p25 = 1 + 0.25 * (2 - 1) = 1.25, median 2, p75 2: 0.375
+    # round 3 (20, budget 40): ten 1s and ten 5s: (5 - 1) / 3 = 1.33
+    clock = FakeClock([1.0, 5.0, 1.0, 5.0, 5.0] + [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 3.0, 4.0]
+                      + [1.0, 5.0] * 10)
+    stats = time_stable(lambda: None, clock, retries=2, warmup=0, min_repeats=5, budget_ms=10.0)
+    assert clock.calls == 5 + 10 + 20  # each retry doubles the repeats, then it stops
+    assert (stats.rounds, stats.repeats, stats.median_ms) == (3, 10, 2.0)
+    assert stats.spread == pytest.approx(0.375) and stats.unstable
+
+
+def test_time_stable_does_not_repeat_calls_that_overrun_the_budget():
+    from archscan.measure import time_stable
+
+    # 5 repeats took 17 ms against a 5 ms budget: a longer round would not fit either
+    clock = FakeClock([1.0, 5.0, 1.0, 5.0, 5.0] * 10)
+    stats = time_stable(lambda: None, clock, warmup=0, min_repeats=5, budget_ms=5.0)
+    assert (stats.rounds, stats.repeats, clock.calls) == (1, 5, 5) and stats.unstable
+
+
+def _measure_with(monkeypatch, toy, clock, name="Net", e2e_budget_ms=5):
+    from archscan.measure import run
+
+    monkeypatch.setattr(run, "clock_for", lambda device: clock)
+    return archscan.scan(f"{toy}:{name}", [(1, 3, 16, 16)], rules=[], measure=MeasureOptions(
+        device="cpu", node_budget_ms=2, e2e_budget_ms=e2e_budget_ms, progress=False))
+
+
+def test_unstable_end_to_end_is_retried_then_warned_about(monkeypatch, toy):
+    # 10 repeats of 1-8 ms take about 38 ms: within twice a 40 ms budget, so the rounds go on
+    r = _measure_with(monkeypatch, toy, CycleClock(NOISE), e2e_budget_ms=40)
+    lat = r.latency
+    assert lat["unstable"] is True and lat["end_to_end"]["unstable"] is True
+    assert lat["end_to_end"]["rounds"] == 3 and lat["end_to_end"]["spread"] > 0.25
+    timed = lat["timed_nodes"]
+    assert timed == len(r.nodes) and lat["unstable_nodes"] == timed
+    assert all(n.attrs["latency_unstable"] for n in r.nodes)
+    (warning,) = r.warnings
+    assert warning.startswith("the end-to-end timing is unstable: spread ")
+    assert f"{timed} of {timed} layer timings are unstable" in warning and "--threads" in warning
+    data = r.to_json()
+    assert data["latency"]["unstable"] is True and data["warnings"] == [warning]
+
+
+def test_stable_measurement_has_no_warning(monkeypatch, toy):
+    r = _measure_with(monkeypatch, toy, CycleClock(NOISE, noisy=False))
+    lat = r.latency
+    assert lat["unstable"] is False and lat["unstable_nodes"] == 0 and lat["end_to_end"]["rounds"] == 1
+    assert r.warnings == () and r.to_json()["warnings"] == []
+    assert not any("latency_unstable" in n.attrs for n in r.nodes)
+
+
+def test_unstable_layers_alone_are_counted(monkeypatch, toy):
+    from archscan.measure import run
+
+    clock = CycleClock(NOISE, noisy=False)
+    replay = run._TimingInterpreter.run
+
+    def noisy_from_here(self, *args):  # the end to end was steady; the machine gets busy for the nodes
+        clock.noisy = True
+        return replay(self, *args)
+
+    monkeypatch.setattr(run._TimingInterpreter, "run", noisy_from_here)
+    r = _measure_with(monkeypatch, toy, clock)
+    lat = r.latency
+    n = lat["timed_nodes"]
+    assert lat["unstable"] is False and lat["unstable_nodes"] == n > 0
+    (warning,) = r.warnings
+    assert warning.startswith(f"{n} of {n} layer timings are unstable (") and "even after a retry" in warning
+
+
+def test_unstable_leaf_modules_of_an_eager_capture_are_counted(monkeypatch, toy):
+    r = _measure_with(monkeypatch, toy, CycleClock(NOISE), name="DataBranch")
+    assert r.capture == "eager" and r.latency["unstable_nodes"] == r.latency["timed_nodes"] == 2
+    assert "2 of 2 layer timings are unstable (conv, fc)" in r.warnings[0]
+
+
+def test_unstable_measurement_in_the_cli_json(capsys, monkeypatch, toy):
+    from archscan.cli import main
+    from archscan.measure import run
+
+    monkeypatch.setattr(run, "clock_for", lambda device: CycleClock(NOISE))
+    code = main([f"{toy}:Net", "--input", "1,3,8,8", "--measure", "--device", "cpu", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["latency"]["unstable"] is True and data["latency"]["end_to_end"]["spread"] > 0.25
+    assert len(data["warnings"]) == 1 and "archscan: warning: the end-to-end timing is unstable" in err
+
+
+def _calibrate_with(monkeypatch, clock):
+    from archscan.measure import profile
+
+    monkeypatch.setattr(profile, "clock_for", lambda device: clock)
+    return calibrate("cpu", quick=True)
+
+
+def test_calibration_records_the_spread_of_every_quantity(monkeypatch):
+    from archscan.measure import instability
+
+    p = _calibrate_with(monkeypatch, CycleClock([0.9], noisy=False))
+    assert set(p.spread) == ({"peak_flops.float32", "bandwidth", "launch_overhead_ms"}
+                             | {f"class_flops.{c}" for c in p.class_flops}
+                             | {f"class_bandwidth.{c}" for c in p.class_bandwidth}
+                             | {f"class_overhead_ms.{c}" for c in p.class_overhead_ms})
+    assert all(s == 0.0 for s in p.spread.values()) and instability(p) == {}
+    # 200 ReLU calls take 0.9 ms: 4.5 us each; a 7x7 conv 0.9 - 0.9 * (7 * 7) / (28 * 28) ms beyond its rate
+    assert p.launch_overhead_ms == pytest.approx(0.0045)
+    assert p.class_overhead_ms["conv"] == pytest.approx(0.9 - 0.9 * 49 / 784)
+
+
+def test_noisy_calibration_is_unstable(monkeypatch):
+    from archscan.measure import instability
+
+    p = _calibrate_with(monkeypatch, CycleClock(SLOW_NOISE))
+    assert all(s > 0.25 for s in p.spread.values())
+    assert set(instability(p)) == set(p.spread)
+
+
+def test_implausible_overhead_is_unstable_even_when_steady(monkeypatch):
+    from archscan.measure import instability
+
+    # every op takes 5 ms: a 7x7 conv costs 5 ms - 5 * (7 * 7) / (28 * 28) = 4.69 ms beyond its rate
+    p = _calibrate_with(monkeypatch, CycleClock([5.0], noisy=False))
+    assert p.class_overhead_ms["conv"] == pytest.approx(5.0 - 5.0 * 49 / 784)
+    problems = instability(p)
+    assert problems["class_overhead_ms.conv"] == "4688 us per call"
+    assert "launch_overhead_ms" not in problems  # 5 ms / 200 calls = 25 us is plausible
+    assert not any("spread" in why for why in problems.values())
+
+
+def test_instability_of_a_profile_exact():
+    import dataclasses
+
+    from archscan.measure import instability, instability_error
+
+    p = dataclasses.replace(PROFILE, spread={"bandwidth": 0.3, "peak_flops.float32": 0.25, "class_overhead_ms.conv": 0.4},
+                            class_overhead_ms={"conv": 1.5, "norm": 0.002})
+    assert instability(p) == {"bandwidth": "spread 30%", "class_overhead_ms.conv": "spread 40% and 1500 us per call"}
+    error = instability_error(p)
+    assert isinstance(error, DeviceError) and error.exit_code == 4 and str(error).startswith(
+        "the calibration of cpu is unstable (a spread over 25% or a per-call overhead over 1000 us), so the profile "
+        "was not saved: bandwidth spread 30%; class_overhead_ms.conv spread 40% and 1500 us per call (")
+    assert "--force" in error.hint
+    assert instability_error(PROFILE) is None
+
+
+def test_profile_spreads_round_trip_and_old_profiles_load(tmp_path):
+    import dataclasses
+
+    p = dataclasses.replace(PROFILE, spread={"bandwidth": 0.03})
+    assert load_profile(torch.device("cpu"), path=save_profile(p, tmp_path / "p.json")) == p
+    old = {k: v for k, v in PROFILE.to_json().items() if k != "spread"}  # saved before spreads were recorded
+    assert DeviceProfile.from_json(old).spread == {}
+    with pytest.raises(ValueError):
+        DeviceProfile.from_json({**old, "spread": {"bandwidth": "wide"}})
+
+
+def _cached_profiles():
+    from archscan.measure import cache_dir
+
+    return sorted((cache_dir() / "profiles").glob("*.json"))
+
+
+def test_calibrate_refuses_to_cache_an_unstable_profile_unless_forced(capsys, monkeypatch, toy):
+    from archscan.cli import main
+    from archscan.measure import profile
+
+    monkeypatch.setattr(profile, "clock_for", lambda device: CycleClock(SLOW_NOISE))
+    code = main(["calibrate", "--device", "cpu", "--quick"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 4 and len(lines) == 1 and lines[0].startswith("archscan: error: the calibration of cpu is unstable")
+    assert "--force" in lines[0] and "Traceback" not in err
+    assert _cached_profiles() == []  # nothing cached
+    assert "UNSTABLE: spread" in out and "not saved (unstable)" in out
+
+    code = main(["calibrate", "--device", "cpu", "--quick", "--force"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "" and "UNSTABLE" in out
+    (path,) = _cached_profiles()
+    assert str(path) in out
+    # every later prediction from it says that it is unstable
+    code = main([f"{toy}:Net", "--input", "1,3,8,8", "--json"])
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert code == 0 and data["latency"]["predicted_ms"] > 0
+    assert len(data["warnings"]) == 1 and "is unstable" in data["warnings"][0]
+    assert err.startswith("archscan: warning: the device profile of cpu")
+
+
+def test_calibrate_output_shows_the_spread_of_each_quantity(capsys, monkeypatch):
+    from archscan.cli import main
+    from archscan.measure import profile
+
+    monkeypatch.setattr(profile, "clock_for", lambda device: CycleClock([0.9], noisy=False))
+    code = main(["calibrate", "--device", "cpu", "--quick"])
+    out, _ = capsys.readouterr()
+    (saved,) = _cached_profiles()
+    cached = load_profile(torch.device("cpu"), path=saved)
+    rows = [line for line in out.splitlines() if "spread" in line]
+    assert code == 0 and len(rows) == len(cached.spread) > 10
+    assert all(row.endswith("spread 0.0%") for row in rows) and "UNSTABLE" not in out
+    assert any(row.startswith("launch overhead") and "4.5 us per kernel" in row for row in rows)
+    code = main(["calibrate", "--device", "cpu", "--quick", "--json"])
+    data = json.loads(capsys.readouterr()[0])
+    assert code == 0 and data["spread"] == cached.spread and data["unstable"] == {} and data["saved"] == str(saved)

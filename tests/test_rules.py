@@ -1,7 +1,11 @@
 """Each rule fires on a small positive model with the expected evidence and stays quiet on a negative one;
 the guideline probes are ranked and flagged the way the ShuffleNetV2 paper measured them."""
 
+import linecache
+
 import pytest
+import torch
+import torch.fx
 import torch.nn as nn
 
 import archscan
@@ -212,6 +216,123 @@ def test_blocks_from_fork_join_regions_when_there_are_no_module_units():
     (f,) = findings(Flat(), [(1, 8, 8, 8)], "G3")
     assert f.severity == "warning" and f.evidence["parallel"] == 3
 
+
+
+class InceptionBlock(nn.Module):
+    """A model that is one inception-like block: the input x forks into four branches, joined by cat."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.b1 = nn.Conv2d(c, 8, 1)
+        self.b2 = nn.Sequential(nn.Conv2d(c, 8, 1), nn.Conv2d(8, 8, 3, padding=1))
+        self.b3 = nn.Sequential(nn.Conv2d(c, 4, 1), nn.Conv2d(4, 8, 5, padding=2))
+        self.b4 = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(c, 8, 1))
+
+    def forward(self, x):
+        return torch.cat([self.b1(x), self.b2(x), self.b3(x), self.b4(x)], 1)
+
+
+@pytest.mark.parametrize("method", ["fx", "export", "eager"])
+def test_g3_finds_a_block_that_forks_at_the_model_input(method):
+    from archscan.graph import find_blocks
+
+    r = archscan.scan(InceptionBlock(), [(1, 16, 8, 8)], capture_method=method, rules=["G3"])
+    (block,) = find_blocks(r)
+    # 1x1 | 1x1 -> 3x3 | 1x1 -> 5x5 | pool -> 1x1: 7 fragmented ops, 2 in series, 4 in parallel
+    assert block.name.endswith("..cat") or block.name.endswith("..cat_default")
+    assert (block.fragments, block.series, block.parallel) == (7, 2, 4)
+    (f,) = r.findings
+    assert f.severity == "warning" and f.evidence["blocks"] == [block.name] and f.evidence["parallel"] == 4
+
+
+def test_g3_finds_a_block_that_forks_at_an_attribute():
+    from archscan.graph import find_blocks
+
+    class SharedQuery(nn.Module):
+        """One learned tensor (a get_attr in the graph) read by two parallel convs."""
+
+        def __init__(self):
+            super().__init__()
+            self.query = nn.Parameter(torch.zeros(1, 8, 4, 4))
+            self.a, self.b = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return x + self.a(self.query) + self.b(self.query)
+
+    r = archscan.scan(SharedQuery(), [(1, 8, 4, 4)], rules=[])
+    (block,) = find_blocks(r)
+    assert block.name == "query..add_1" and (block.fragments, block.series, block.parallel) == (2, 1, 2)
+
+
+class RelativePositionBias(nn.Module):
+    """Swin/BEiT/MaxViT style: a registered index buffer viewed in forward. fx does not proxy buffers,
+    so it runs ``index.view(-1)`` while tracing and bakes the view in as a ``_tensor_constant``."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(16, 2))
+        self.register_buffer("index", torch.arange(16).view(4, 4))
+
+    def forward(self, x):
+        return x + self.table[self.index.view(-1)].view(4, 4, 2).sum(-1)
+
+
+def test_host_tensor_quiet_on_buffer_views_fx_bakes_in():
+    gm = torch.fx.symbolic_trace(RelativePositionBias())
+    assert any(str(n.target).startswith("_tensor_constant") for n in gm.graph.nodes)  # what used to be flagged
+    for target in (RelativePositionBias(), RelativePositionBias):  # a copied instance, and built on meta
+        for method in ("fx", "export", "eager"):
+            assert findings(target, [(4, 4)], "host-tensor", capture_method=method) == (), (target, method)
+
+
+class DeviceTensor(nn.Module):
+    def forward(self, x):
+        return x + torch.tensor([1.0, 2.0], device=x.device)
+
+
+class DeviceTensorOverTwoLines(nn.Module):
+    def forward(self, x):
+        offset = torch.tensor(
+            [1.0, 2.0], device=x.device)
+        return x + offset
+
+
+class HostTensorPerCall(nn.Module):
+    def forward(self, x):
+        return x + torch.tensor([1.0, 2.0])
+
+
+@pytest.mark.parametrize("method", ["fx", "export", "eager"])
+def test_host_tensor_quiet_when_the_factory_passes_a_device(method):
+    # export and eager record torch.tensor(...) as lift_fresh, without its device=: the source line has it
+    assert findings(DeviceTensor(), [(4, 2)], "host-tensor", capture_method=method) == ()
+    assert findings(DeviceTensorOverTwoLines(), [(4, 2)], "host-tensor", capture_method=method) == ()
+    (f,) = findings(HostTensorPerCall(), [(4, 2)], "host-tensor", capture_method=method)
+    assert f.severity == "warning" and f.saving["copies"] == 1
+    path, _, line = f.source.rpartition(":")
+    assert "torch.tensor([1.0, 2.0])" in linecache.getline(path, int(line))
+
+
+def _offset(x):
+    return torch.tensor([1.0, 2.0], device=x.device)
+
+
+class HelperMadeTensor(nn.Module):
+    """The tensor is made in a helper, as Hugging Face cache code does; a number is written in place."""
+
+    def forward(self, x):
+        y = x + _offset(x)
+        y[:, 0] = 5.0  # torch wraps the number as a 0-dim tensor: kernels take it as a scalar
+        return y
+
+
+@pytest.mark.parametrize("method,severities", [("eager", []), ("export", ["info"])])  # fx cannot trace y[:, 0] =
+def test_host_tensor_made_in_a_helper(method, severities):
+    # export's stack traces stop at forward: the helper's device= cannot be seen, so it is only noted
+    got = findings(HelperMadeTensor(), [(4, 2)], "host-tensor", capture_method=method)
+    assert [f.severity for f in got] == severities
+    if got:
+        assert "could not be checked" in got[0].message and got[0].saving["copies"] == 1
 
 
 # --- rules that read measurements (--measure --sweep); fed recorded numbers here -----------------------

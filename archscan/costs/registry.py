@@ -9,18 +9,24 @@ Conventions (stated once, used everywhere; see README "Counting conventions"):
   count on CPU (``_scaled_dot_product_flash_attention_for_cpu``) and the fused
   ``nn.MultiheadAttention`` inference path (``_native_multi_head_attention``) have formulas here.
 * ``elem_ops`` are element operations of element-wise, activation, normalization, reduction and
-  pooling work, kept apart from ``flops`` (guideline G4 is about exactly this work).
+  pooling work, kept apart from ``flops`` (guideline G4 is about exactly this work). Ops whose
+  work is not one per element have an element-op formula (``register_elem_ops``): interpolation
+  and sampling count one per input tap, NMS one per IoU comparison (see "Vision ops" below).
 * ``read_bytes``/``write_bytes``: the memory access cost (MAC) of one kernel — every distinct
   tensor it reads (activations and weights) plus every tensor it writes, at its dtype
   (paper: 1x1 conv MAC = hw(c1 + c2) + c1*c2 elements). Views move nothing. Gathers
   (embedding, index_select) read the rows they gather, not the whole table.
 * An op with no formula is never silently 0: it is costed generically for bytes and reported
   under ``uncounted`` with its count.
+
+The registries are keyed by qualified op name (``"aten::mm"``, ``"torchvision::nms"``), so ops of
+a library that is not installed (torchvision) are registered without importing it.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,28 +64,50 @@ class OpCost:
         return self.read_bytes + self.write_bytes
 
 
-_FLOP_FORMULAS: dict[Any, FlopFormula] = {}
-_CATEGORY: dict[Any, str] = {}
+ElemFormula = Callable[..., int]
+
+_FLOP_FORMULAS: dict[str, FlopFormula] = {}
+_ELEM_FORMULAS: dict[str, ElemFormula] = {}
+_CATEGORY: dict[str, str] = {}
 
 
-def register_flops(*packets):
-    """Register a multiply-add formula for ops; refuses duplicates (like torch's flop_registry)."""
+def _key(op) -> str:
+    """Registry key of an op packet or name: its qualified name, 'aten::mm' or 'torchvision::nms'."""
+    return op if isinstance(op, str) else op._qualified_op_name
+
+
+def _register(table: dict, what: str, ops, value) -> None:
+    for op in ops:
+        key = _key(op)
+        if key in table:
+            raise ValueError(f"{what} for {key} registered twice")
+        table[key] = value
+
+
+def register_flops(*ops):
+    """Register a multiply-add formula for ops (packets or 'ns::name'); refuses duplicates (like
+    torch's flop_registry). Formulas take the op's arguments (tensors) and ``out_val``."""
 
     def wrap(fn: FlopFormula) -> FlopFormula:
-        for p in packets:
-            if p in _FLOP_FORMULAS:
-                raise ValueError(f"flop formula for {p} registered twice")
-            _FLOP_FORMULAS[p] = fn
+        _register(_FLOP_FORMULAS, "flop formula", ops, fn)
         return fn
 
     return wrap
 
 
-def _categorize(category: str, *packets) -> None:
-    for p in packets:
-        if p in _CATEGORY:
-            raise ValueError(f"category for {p} registered twice")
-        _CATEGORY[p] = category
+def register_elem_ops(*ops):
+    """Register an element-op formula for ops (packets or 'ns::name'); refuses duplicates.
+    Formulas take shapes: every tensor argument arrives as its shape, the result as ``out_shape``."""
+
+    def wrap(fn: ElemFormula) -> ElemFormula:
+        _register(_ELEM_FORMULAS, "element-op formula", ops, fn)
+        return fn
+
+    return wrap
+
+
+def _categorize(category: str, *ops) -> None:
+    _register(_CATEGORY, "category", ops, category)
 
 
 def _reuse_torch(packet) -> None:
@@ -211,8 +239,7 @@ _categorize("data_movement", *[p for p in (
     aten.constant_pad_nd, aten.pad, aten.reflection_pad2d, aten.replication_pad2d, aten.repeat,
     aten.repeat_interleave, aten.flip, aten.roll, aten.index_select, aten.gather, aten.index,
     aten._unsafe_index, aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,
-    aten.native_channel_shuffle, aten.upsample_nearest2d, aten.upsample_bilinear2d,
-    aten._upsample_nearest_exact2d, aten.tril, aten.triu, aten.masked_fill, aten.masked_fill_,
+    aten.native_channel_shuffle, aten.tril, aten.triu, aten.masked_fill, aten.masked_fill_,
     aten.scatter, aten.index_put, aten.index_put_, aten.slice_scatter, aten.select_scatter,
     aten.lift_fresh_copy, aten.narrow_copy, aten.tile) if p is not None])
 _categorize("reduction", *[p for p in (  # scans and selections: one element op per input element
@@ -228,6 +255,160 @@ _categorize("factory", *[p for p in (
     aten.new_ones, aten.new_full, aten.arange, aten.scalar_tensor, aten.fill_, aten.fill, aten.zero_,
     aten.randn, aten.rand, aten.randint, aten.randn_like, aten.rand_like, aten.normal_, aten.uniform_,
     aten.bernoulli, aten.bernoulli_, aten.linspace, aten.eye, aten.tensor, aten.lift_fresh) if p is not None])
+
+
+# --- Vision ops: interpolation, sampling, RoI pooling, NMS, deformable convolution ---------------------
+#
+# Element ops count the input taps each output combines (a multiply-add per weight). Bytes are the
+# generic count: every input read once, every output written once (for gathers that read part of
+# their input, that bounds the bytes from above). torchvision ops are keyed by name: torchvision is
+# not imported, and its ops are costed whenever a model that did import it runs one.
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def interpolation_elem_ops(in_shape: tuple, out_shape: tuple, taps_per_dim: int, antialias: bool = False) -> int:
+    """Input taps combined per output element, times the output elements.
+
+    # [n, c, *out] = upsample([n, c, *in]): nearest 1 tap per dim, linear 2, cubic 4, so per output
+    # element bilinear 2*2 = 4 and bicubic 4*4 = 16 (fvcore: nearest 1, bilinear 4; Keys 1981: the
+    # cubic kernel spans 4 samples). Antialiased downscaling widens the filter by the factor in/out
+    # (Pillow's convention, as in ATen's _upsample_*_aa): ceil(taps_per_dim * in / out) taps per dim.
+    """
+    per_output = 1
+    for i, o in zip(in_shape[2:], out_shape[2:]):
+        per_output *= _ceil_div(taps_per_dim * i, o) if antialias and i > o else taps_per_dim
+    return math.prod(out_shape) * per_output
+
+
+def _interpolation(taps_per_dim: int, antialias: bool = False) -> ElemFormula:
+    def formula(input, *args, out_shape, **kwargs) -> int:
+        return interpolation_elem_ops(input, out_shape, taps_per_dim, antialias)
+
+    formula.__doc__ = (f"{taps_per_dim} input tap(s) per spatial dim per output element"
+                       + (", widened by the downscaling factor (antialias)" if antialias else ""))
+    return formula
+
+
+register_elem_ops("aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+                  "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
+                  "aten::_upsample_nearest_exact3d")(_interpolation(1))
+register_elem_ops("aten::upsample_linear1d", "aten::upsample_bilinear2d",
+                  "aten::upsample_trilinear3d")(_interpolation(2))
+register_elem_ops("aten::upsample_bicubic2d")(_interpolation(4))
+register_elem_ops("aten::_upsample_bilinear2d_aa")(_interpolation(2, antialias=True))
+register_elem_ops("aten::_upsample_bicubic2d_aa")(_interpolation(4, antialias=True))
+
+GRID_SAMPLER_TAPS_PER_DIM = {0: 2, 1: 1, 2: 4}  # interpolation_mode: bilinear, nearest, bicubic
+
+
+@register_elem_ops("aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::_grid_sampler_2d_cpu_fallback")
+def grid_sampler_elem_ops(input: tuple, grid: tuple, interpolation_mode: int, *args, out_shape: tuple, **kwargs) -> int:
+    """Like interpolation, by mode: bilinear 4 taps per output element (trilinear 8), nearest 1, bicubic 16.
+
+    # [n, c, *out] = grid_sampler([n, c, *in], grid [n, *out, dims]); fvcore counts 4 (bilinear)
+    """
+    return math.prod(out_shape) * GRID_SAMPLER_TAPS_PER_DIM[int(interpolation_mode)] ** (len(input) - 2)
+
+
+@register_elem_ops("aten::cudnn_grid_sampler")
+def cudnn_grid_sampler_elem_ops(input: tuple, grid: tuple, *, out_shape: tuple) -> int:
+    """cuDNN's grid sampler is bilinear only: 4 taps per output element."""
+    return math.prod(out_shape) * 4
+
+
+ROI_ADAPTIVE_SAMPLES = 4  # 2x2 points per bin when sampling_ratio <= 0 (adaptive: the boxes decide)
+
+
+def roi_align_elem_ops(out_shape: tuple, sampling_ratio: int) -> int:
+    """Output elements x sampling points per bin x 4 bilinear taps per point.
+
+    # [k, c, ph, pw] = roi_align([n, c, h, w], rois [k, 5]); sampling_ratio s > 0: s*s points per bin.
+    # Adaptive sampling (s <= 0) takes ceil(box / bin) points, which depends on the boxes: counted as
+    # 2x2, the four regularly sampled locations of Mask R-CNN (He et al., ICCV 2017, Sec. 3).
+    """
+    points = int(sampling_ratio) ** 2 if int(sampling_ratio) > 0 else ROI_ADAPTIVE_SAMPLES
+    return math.prod(out_shape) * points * 4
+
+
+@register_elem_ops("torchvision::roi_align")
+def _roi_align_elem_ops(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned=False, *,
+                        out_shape) -> int:
+    """torchvision.ops.roi_align: see ``roi_align_elem_ops``."""
+    return roi_align_elem_ops(out_shape, sampling_ratio)
+
+
+@register_elem_ops("torchvision::ps_roi_align")
+def _ps_roi_align_elem_ops(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, *,
+                           out_shape) -> int:
+    """Position-sensitive roi_align (R-FCN): returns (output [k, c/(ph*pw), ph, pw], channel map)."""
+    return roi_align_elem_ops(out_shape[0], sampling_ratio)
+
+
+@register_elem_ops("torchvision::roi_pool", "torchvision::ps_roi_pool")
+def roi_pool_elem_ops(input, rois, spatial_scale, pooled_height, pooled_width, *, out_shape) -> int:
+    """One max (or mean) per input cell of a bin, a bin counted as 2x2 cells (its size depends on the boxes).
+
+    # ([k, c', ph, pw], argmax or channel map) = roi_pool([n, c, h, w], rois [k, 5]); Fast R-CNN
+    # (Girshick, ICCV 2015) max-pools each h/ph x w/pw sub-window; counted like adaptive roi_align
+    """
+    return math.prod(out_shape[0]) * ROI_ADAPTIVE_SAMPLES
+
+
+@register_elem_ops("torchvision::nms")
+def nms_elem_ops(dets: tuple, scores: tuple, iou_threshold: float, *, out_shape) -> int:
+    """IoU comparisons of greedy NMS on n boxes: at most n*(n-1)/2, every pair once (an upper bound:
+    torchvision's kernel skips boxes already suppressed; the kept count depends on the data).
+
+    # [m] = nms(dets [n, 4], scores [n]), m <= n
+    """
+    n = int(dets[0])
+    return n * (n - 1) // 2
+
+
+def deform_conv2d_flops(input: tuple, weight: tuple, out_shape: tuple) -> int:
+    """Multiply-adds of a deformable convolution: those of the same regular convolution.
+
+    # [n, co, ho, wo] = deform_conv2d([n, ci, h, w], weight [co, ci/g, kh, kw], offset, mask, bias)
+    """
+    n, c_out, h_out, w_out = out_shape
+    _, c_in_per_group, kh, kw = weight
+    return n * c_out * h_out * w_out * c_in_per_group * kh * kw
+
+
+@register_flops("torchvision::deform_conv2d")
+def _deform_conv2d_flops(input, weight, *args, out_val=None, **kwargs) -> int:
+    """torchvision.ops.deform_conv2d: see ``deform_conv2d_flops`` (flop formulas get tensors)."""
+    return deform_conv2d_flops(_shapes(input), _shapes(weight), _shapes(out_val))
+
+
+@register_elem_ops("torchvision::deform_conv2d")
+def deform_conv2d_elem_ops(input: tuple, weight: tuple, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                           dilation_h, dilation_w, groups, offset_groups, use_mask, *, out_shape: tuple) -> int:
+    """Bilinear sampling of the input at the offset positions: 4 taps per sample, plus 1 for the
+    modulation mask (DCNv2, Zhu et al., CVPR 2019) when ``use_mask``.
+
+    # samples = n * ci * kh * kw * ho * wo: torchvision's deformable_im2col, one per column entry
+    """
+    n, c_in = input[:2]
+    kh, kw = weight[2:]
+    samples = n * c_in * kh * kw * out_shape[2] * out_shape[3]
+    return samples * (5 if use_mask else 4)
+
+
+_categorize("data_movement", "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+            "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d", "aten::_upsample_nearest_exact3d",
+            "aten::upsample_linear1d", "aten::upsample_bilinear2d", "aten::upsample_trilinear3d",
+            "aten::upsample_bicubic2d", "aten::_upsample_bilinear2d_aa", "aten::_upsample_bicubic2d_aa",
+            "aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::_grid_sampler_2d_cpu_fallback",
+            "aten::cudnn_grid_sampler")
+_categorize("pooling", "torchvision::roi_align", "torchvision::ps_roi_align", "torchvision::roi_pool",
+            "torchvision::ps_roi_pool")
+_categorize("host_sync", "torchvision::nms")  # its output size depends on the data, like nonzero
+_categorize("conv", "torchvision::deform_conv2d")  # refined by groups, as aten convolutions are
+
 # Not views by schema, but they only reinterpret metadata: no bytes move.
 _FREE = {p for p in (aten._unsafe_view, aten.lift_fresh, aten.detach_, aten.resize_, aten.set_,
                      _opt("_assert_tensor_metadata"), _opt("_assert_async"), _opt("_assert_scalar"),
@@ -255,6 +436,17 @@ def _tensors(tree) -> list[torch.Tensor]:
         elif isinstance(x, dict):
             stack.extend(reversed(list(x.values())))
     return out
+
+
+def _shapes(tree):
+    """Tensors in nested args replaced by their shapes (tuples), everything else kept."""
+    if isinstance(tree, torch.Tensor):
+        return tuple(tree.shape)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_shapes(x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _shapes(v) for k, v in tree.items()}
+    return tree
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -295,6 +487,21 @@ def _conv_attrs(args) -> dict:
     }
 
 
+def _deform_conv_attrs(args) -> dict:
+    """torchvision::deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w, ..., groups, ...)."""
+    x, w, groups = args[0], args[1], int(args[11])
+    return {
+        "in_channels": int(x.shape[1]), "out_channels": int(w.shape[0]), "groups": groups,
+        "kernel": tuple(int(k) for k in w.shape[2:]), "stride": (int(args[5]), int(args[6])),
+        "transposed": False, "in_shape": tuple(int(d) for d in x.shape),
+    }
+
+
+# Ops whose attributes (channels, groups, kernel) name their layer; convolutions are refined by groups.
+_ATTRS = {"aten::convolution": _conv_attrs, "aten::_convolution": _conv_attrs,
+          "torchvision::deform_conv2d": _deform_conv_attrs}
+
+
 def _conv_category(attrs: dict) -> str:
     g = attrs["groups"]
     if g == 1:
@@ -327,11 +534,12 @@ def is_free(func) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _op_info(func) -> tuple[str, Any, bool, str, FlopFormula | None]:
-    """(name, packet, free, category, flop formula) of an op, computed once per op."""
+def _op_info(func) -> tuple[str, Any, str, bool, str, FlopFormula | None, ElemFormula | None]:
+    """(name, packet, key, free, category, flop formula, element-op formula) of an op, computed once per op."""
     packet = func.overloadpacket
+    key = _key(packet)
     free = is_free(func)
-    cat = "view" if free else _CATEGORY.get(packet)
+    cat = "view" if free else _CATEGORY.get(key)
     if cat is None:
         tags = func.tags
         if torch.Tag.pointwise in tags:
@@ -342,15 +550,14 @@ def _op_info(func) -> tuple[str, Any, bool, str, FlopFormula | None]:
             cat = "host_sync"
         else:
             cat = "other"
-    return str(func), packet, free, cat, _FLOP_FORMULAS.get(packet)
+    return str(func), packet, key, free, cat, _FLOP_FORMULAS.get(key), _ELEM_FORMULAS.get(key)
 
 
 def category_of(func) -> str:
     """The category of an aten op before looking at its arguments (conv groups refine it)."""
-    return _op_info(func)[3]
+    return _op_info(func)[4]
 
 
-_CONVS = (aten.convolution, aten._convolution)
 _MATMULS = (aten.mm, aten.bmm, aten.baddbmm)
 
 
@@ -358,12 +565,12 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
     """Cost one executed aten op from its arguments and result (shapes and dtypes only).
 
     Args:
-        func: the aten OpOverload.
+        func: the OpOverload (aten, or a library's such as torchvision's).
         args, kwargs, out: what the op was called with and returned (real, fake or meta tensors).
         weight_keys: storage keys of the model's parameters and buffers, so weight reads
             are told apart from activation reads.
     """
-    name, packet, free, category, formula = _op_info(func)
+    name, packet, key, free, category, formula, elem_formula = _op_info(func)
     if free:
         return OpCost(name, "view")
     attrs: dict = {}
@@ -392,8 +599,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
 
     flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-    if packet in _CONVS:
-        attrs = _conv_attrs(args)
+    if key in _ATTRS:
+        attrs = _ATTRS[key](args)
         category = _conv_category(attrs)
     elif packet in _MATMULS and weight:
         category = "linear"
@@ -404,7 +611,9 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
             attrs = {"in_features": int(w.shape[0]), "out_features": int(w.shape[1])}
 
     elem = 0
-    if category in _ACTIVATION_FAMILY:
+    if elem_formula is not None:
+        elem = int(elem_formula(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
+    elif category in _ACTIVATION_FAMILY:
         elem = outs[0].numel() if outs else 0
     elif category in ("reduction", "host_sync"):
         elem = ins[0].numel() if ins else 0
@@ -412,5 +621,5 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         window = _pool_window(func, args)
         elem = outs[0].numel() * window if window else ins[0].numel()
 
-    counted = formula is not None or category != "other"
+    counted = formula is not None or elem_formula is not None or category != "other"
     return OpCost(name, category, flops, elem, read, write, weight, counted, attrs)

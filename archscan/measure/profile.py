@@ -5,6 +5,11 @@ memory bandwidth (a large copy: bytes read + written per second) and the per-ker
 overhead (a one-element add). The profile is saved as JSON under the cache directory:
 ``$ARCHSCAN_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/archscan`` or ``~/.cache/archscan``,
 in ``profiles/<device key>.json``.
+
+Each quantity records the spread of the timing that measured it (``DeviceProfile.spread``); an
+unstable one is measured again (``timing.time_stable``). ``instability`` names what is still
+unstable, or a per-call overhead too large to be one (``MAX_OVERHEAD_MS``): ``archscan calibrate``
+refuses to cache such a profile unless forced, and a scan warns about one that was forced.
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from pathlib import Path
 import torch
 
 from ..errors import ArchscanError, DeviceError
-from .timing import Clock, clock_for, time_fn
+from .timing import UNSTABLE_SPREAD, Clock, clock_for, is_unstable, time_stable
+
+# No per-call overhead of a real op is this large. A kernel launch costs 5-20 us on a GPU and
+# dispatching a small op on a CPU 1-60 us (this project's 2-core VM: a ReLU module call 1.7 us,
+# a 7x7 depthwise conv 55 us beyond its rate); a thousand microseconds is a time slice the
+# scheduler gave another process (1-20 ms), not the op. A profile carrying it predicts every
+# small layer far too slow -- it happened, 1000x -- so it is treated as unstable.
+MAX_OVERHEAD_MS = 1.0
 
 
 def _is_number(value) -> bool:
@@ -44,6 +56,10 @@ class DeviceProfile:
     class_flops: dict[str, float] = dataclasses.field(default_factory=dict)      # category -> multiply-adds/s (fp32)
     class_bandwidth: dict[str, float] = dataclasses.field(default_factory=dict)  # category -> bytes/s
     class_overhead_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # category -> ms per call
+    # quantity -> spread (interquartile range / median) of the timing that measured it; keys name
+    # the field, with the dtype or category after a dot: "peak_flops.float32", "bandwidth",
+    # "launch_overhead_ms", "class_flops.conv", "class_bandwidth.norm", "class_overhead_ms.conv"
+    spread: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -80,7 +96,7 @@ class DeviceProfile:
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
         rates = [data["peak_flops"], data.get("class_flops", {}), data.get("class_bandwidth", {}),
-                 data.get("class_overhead_ms", {})]
+                 data.get("class_overhead_ms", {}), data.get("spread", {})]
         numbers = [data["bandwidth"], data["launch_overhead_ms"]]
         if not all(isinstance(r, dict) and all(_is_number(v) for v in r.values()) for r in rates) \
                 or not data["peak_flops"] or not all(_is_number(v) for v in numbers) or data["bandwidth"] <= 0:
@@ -186,30 +202,72 @@ def load_profile(device: torch.device, threads: int | None = None, path: Path | 
 
 
 def cached_profile(device: torch.device, threads: int | None = None) -> tuple[DeviceProfile | None, list[str]]:
-    """``load_profile``, with a damaged cache turned into a warning: it costs the predictions, not the analysis."""
+    """``load_profile``, with a damaged cache turned into a warning: it costs the predictions, not the analysis.
+    An unstable profile (saved with ``--force``, or by an archscan that did not check) predicts with a warning."""
     try:
-        return load_profile(device, threads), []
+        profile = load_profile(device, threads)
     except ProfileError as exc:
         return None, [str(exc)]
+    problems = instability(profile) if profile is not None else {}
+    if not problems:
+        return profile, []
+    return profile, [f"the device profile of {profile.device} ({profile.name}, calibrated {profile.created[:10]}) is "
+                     f"unstable (a spread over {100 * UNSTABLE_SPREAD:.0f}% or a per-call overhead over "
+                     f"{MAX_OVERHEAD_MS * 1e3:.0f} us): {_listing(problems)}; latency predictions from it may be far "
+                     "off (run `archscan calibrate` again on an idle machine)"]
+
+
+def instability(profile: DeviceProfile) -> dict[str, str]:
+    """What in a profile cannot be trusted, by quantity (the keys of ``DeviceProfile.spread``): a
+    spread above ``timing.UNSTABLE_SPREAD``, or a per-call overhead above ``MAX_OVERHEAD_MS``."""
+    problems = {key: f"spread {100 * s:.0f}%" for key, s in profile.spread.items() if is_unstable(s)}
+    overheads = {"launch_overhead_ms": profile.launch_overhead_ms,
+                 **{f"class_overhead_ms.{cat}": ms for cat, ms in profile.class_overhead_ms.items()}}
+    for key, ms in overheads.items():
+        if ms > MAX_OVERHEAD_MS:
+            why = f"{ms * 1e3:.0f} us per call"
+            problems[key] = f"{problems[key]} and {why}" if key in problems else why
+    return problems
+
+
+def instability_error(profile: DeviceProfile) -> DeviceError | None:
+    """The error that refuses to cache an unstable profile (see ``instability``), or None when it is stable."""
+    problems = instability(profile)
+    if not problems:
+        return None
+    advice = (f"close other programs, calibrate with --threads below the {os.cpu_count()} cores"
+              if torch.device(profile.device).type == "cpu" else "stop other processes using the GPU")
+    return DeviceError(f"the calibration of {profile.device} is unstable (a spread over {100 * UNSTABLE_SPREAD:.0f}% "
+                       f"or a per-call overhead over {MAX_OVERHEAD_MS * 1e3:.0f} us), so the profile was not saved: "
+                       f"{_listing(problems)}",
+                       hint=f"{advice} and run `archscan calibrate` again, or pass --force to save it anyway")
+
+
+def _listing(problems: dict[str, str], limit: int = 4) -> str:
+    """'bandwidth spread 43%; class_overhead_ms.conv spread 31% and 9400 us per call; ... (6 in all)'."""
+    items = [f"{key} {why}" for key, why in problems.items()]
+    return "; ".join(items[:limit]) + (f"; ... ({len(items)} in all)" if len(items) > limit else "")
 
 
 # --- micro-benchmarks ---------------------------------------------------------------------------
 
-def _matmul_rate(n: int, dtype: torch.dtype, device: torch.device, clock: Clock, budget_ms: float) -> float:
+# Each returns (quantity, spread of the timing that measured it).
+
+def _matmul_rate(n: int, dtype: torch.dtype, device: torch.device, clock: Clock, budget_ms: float) -> tuple[float, float]:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    stats = time_fn(lambda: torch.mm(a, b), clock, warmup=1, min_repeats=3, budget_ms=budget_ms)
-    return n ** 3 / (stats.median_ms / 1e3)
+    stats = time_stable(lambda: torch.mm(a, b), clock, warmup=1, min_repeats=3, budget_ms=budget_ms)
+    return n ** 3 / (stats.median_ms / 1e3), stats.spread
 
 
-def _copy_bandwidth(nbytes: int, device: torch.device, clock: Clock, budget_ms: float) -> float:
+def _copy_bandwidth(nbytes: int, device: torch.device, clock: Clock, budget_ms: float) -> tuple[float, float]:
     x = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
     y = torch.empty_like(x)
-    stats = time_fn(lambda: y.copy_(x), clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
-    return 2 * nbytes / (stats.median_ms / 1e3)
+    stats = time_stable(lambda: y.copy_(x), clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
+    return 2 * nbytes / (stats.median_ms / 1e3), stats.spread
 
 
-def _launch_overhead_ms(device: torch.device, clock: Clock) -> float:
+def _launch_overhead_ms(device: torch.device, clock: Clock) -> tuple[float, float]:
     """Per-layer cost of launching one tiny kernel through an nn.Module call, as eager models do."""
     x = torch.ones(1, device=device)
     layer = torch.nn.ReLU()
@@ -219,8 +277,8 @@ def _launch_overhead_ms(device: torch.device, clock: Clock) -> float:
         for _ in range(calls):
             layer(x)
 
-    stats = time_fn(many, clock, warmup=2, min_repeats=10, budget_ms=100)
-    return stats.median_ms / calls
+    stats = time_stable(many, clock, warmup=2, min_repeats=10, budget_ms=100)
+    return stats.median_ms / calls, stats.spread
 
 
 def _class_ops(device: torch.device, hw: int, c: int) -> dict[str, tuple]:
@@ -247,32 +305,36 @@ def _class_ops(device: torch.device, hw: int, c: int) -> dict[str, tuple]:
     }
 
 
-def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict, dict]:
+def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict, dict, dict]:
     """What each op class reaches (float32, batch 1): multiply-adds/s or bytes/s on a 56x56 map with
     64 channels, and its per-call overhead: the time of the same op on a 7x7 map (a late-stage
     layer) beyond what those rates predict for it.
 
     Dense, grouped and depthwise convolutions reach very different fractions of the matmul peak,
     norms/activations/pools of the copy bandwidth, and on a CPU a small conv costs far more than a
-    small add just to set up; the roofline uses what each class reaches.
+    small add just to set up; the roofline uses what each class reaches. The fourth dict holds
+    the spreads, keyed as ``DeviceProfile.spread``.
     """
-    flops, bandwidth, overhead = {}, {}, {}
+    flops, bandwidth, overhead, spread = {}, {}, {}, {}
     for category, (fn, macs, nbytes) in _class_ops(device, 28 if quick else 56, 64).items():
-        ms = time_fn(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms).median_ms
+        stats = time_stable(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
         if macs:
-            flops[category] = macs / (ms / 1e3)
+            flops[category] = macs / (stats.median_ms / 1e3)
         else:
-            bandwidth[category] = nbytes / (ms / 1e3)
+            bandwidth[category] = nbytes / (stats.median_ms / 1e3)
+        spread[f"class_{'flops' if macs else 'bandwidth'}.{category}"] = stats.spread
     for category, (fn, macs, nbytes) in _class_ops(device, 7, 64).items():
-        ms = time_fn(fn, clock, warmup=2, min_repeats=10, budget_ms=budget_ms / 4).median_ms
+        stats = time_stable(fn, clock, warmup=2, min_repeats=10, budget_ms=budget_ms / 4)
         roof_ms = 1e3 * (macs / flops[category] if macs else nbytes / bandwidth[category])
-        overhead[category] = max(ms - roof_ms, 0.0)
-    return flops, bandwidth, overhead
+        overhead[category] = max(stats.median_ms - roof_ms, 0.0)
+        spread[f"class_overhead_ms.{category}"] = stats.spread
+    return flops, bandwidth, overhead, spread
 
 
 def calibrate(device: str | torch.device | None = None, threads: int | None = None, quick: bool = False,
               progress=None) -> DeviceProfile:
-    """Measure a device: matmul multiply-adds/s per dtype, copy bandwidth, launch overhead.
+    """Measure a device: matmul multiply-adds/s per dtype, copy bandwidth, launch overhead, and the
+    spread of each (an unstable one is timed again; ``instability`` says what still is).
 
     Args:
         device: 'cpu', 'cuda', 'cuda:1'; None picks cuda when available.
@@ -303,24 +365,27 @@ def _calibrate(dev: torch.device, quick: bool, progress) -> DeviceProfile:
         dtypes = [torch.float32] if quick else [torch.float32, torch.bfloat16]
         copy_bytes = (8 if quick else 256) * 2**20
     peak: dict[str, float] = {}
+    spread: dict[str, float] = {}
     with torch.inference_mode():
         for dt in dtypes:
-            say(f"matmul {str(dt).removeprefix('torch.')}")
+            name = str(dt).removeprefix("torch.")
+            say(f"matmul {name}")
             rates = []
             for n in sizes:
                 rates.append(_matmul_rate(n, dt, dev, clock, budget))
-                if n ** 3 / rates[-1] > 0.25:
+                if n ** 3 / rates[-1][0] > 0.25:
                     break  # this dtype is slow here (e.g. bf16 without CPU support): larger sizes add nothing
-            peak[str(dt).removeprefix("torch.")] = max(rates)
+            peak[name], spread[f"peak_flops.{name}"] = max(rates, key=lambda r: r[0])  # the fastest size
         say("memory bandwidth")
-        bandwidth = _copy_bandwidth(copy_bytes, dev, clock, budget)
+        bandwidth, spread["bandwidth"] = _copy_bandwidth(copy_bytes, dev, clock, budget)
         say("launch overhead")
-        overhead = _launch_overhead_ms(dev, clock)
+        overhead, spread["launch_overhead_ms"] = _launch_overhead_ms(dev, clock)
         say("conv, norm, activation, pooling rates")
-        class_flops, class_bandwidth, class_overhead = _class_rates(dev, clock, budget / 2, quick)
+        class_flops, class_bandwidth, class_overhead, class_spread = _class_rates(dev, clock, budget / 2, quick)
     return DeviceProfile(
         device=str(dev), name=device_name(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None,
         peak_flops=peak, bandwidth=bandwidth, launch_overhead_ms=overhead,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), torch_version=torch.__version__,
         class_flops=class_flops, class_bandwidth=class_bandwidth, class_overhead_ms=class_overhead,
+        spread={**spread, **class_spread},
     )

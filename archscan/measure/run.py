@@ -6,12 +6,18 @@ Each node is then timed in isolation on its real inputs (warm-up, synchronisatio
 until the median is stable); the end-to-end forward is timed the same way. The per-layer sum
 is reported beside the end-to-end time: the gap is launch overhead and host time between
 kernels (positive when the model is overhead-bound, negative when kernels overlap).
+
+An unstable timing (``timing.UNSTABLE_SPREAD``) is timed again with more repeats: the end to end
+up to ``timing.RETRIES`` more rounds, each node once more. What stays unstable is flagged in the
+latency dict (``unstable``, ``unstable_nodes``; nodes' ``latency_unstable``) and explained in
+``report.warnings``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -19,7 +25,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from ..building import build_real, make_inputs
+from ..building import Call, build_real, make_inputs
 from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
@@ -27,7 +33,11 @@ from ..frames import short
 from ..costs import tensors_in
 from ..results import Report, module_and_ancestors
 from .profile import device_name, resolve_device
-from .timing import TimingStats, clock_for, time_fn
+from .timing import RETRIES, UNSTABLE_SPREAD, TimingStats, clock_for, summarize, time_fn, time_stable
+
+# One more round for an unstable node: a model has hundreds, and this bounds the node phase to
+# three times its usual length on a machine so busy that every node stays unstable.
+NODE_RETRIES = 1
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,8 @@ class _TimingInterpreter(torch.fx.Interpreter):
             # in-place ops would keep changing the inputs later nodes read: time them on copies
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _clone_unless_param, (args, kwargs))
             call = getattr(self, n.op)
-            self.times[n.name] = time_fn(lambda: call(n.target, args, kwargs), self.clock,
-                                         warmup=2, min_repeats=5, budget_ms=self.budget_ms)
+            self.times[n.name] = time_stable(lambda: call(n.target, args, kwargs), self.clock, retries=NODE_RETRIES,
+                                             warmup=2, min_repeats=5, budget_ms=self.budget_ms)
         if self.advance is not None:
             self.advance()
         return result
@@ -160,31 +170,33 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=N
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
         inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+    call = Call.of(specs, inputs)  # positional inputs, then the named ones by keyword
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     clock = clock_for(device)
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
     gm = None
     if report.capture == "fx":
-        gm = trace_fx(model)
+        gm = trace_fx(model, call)
     elif report.capture == "export":
-        gm = trace_export(model, inputs)
+        gm = trace_export(model, call)
     with torch.inference_mode(), autocast:
-        e2e = time_fn(lambda: model(*inputs), clock, warmup=5, min_repeats=10, budget_ms=options.e2e_budget_ms)
+        e2e = time_stable(lambda: call(model), clock, retries=RETRIES, warmup=5, min_repeats=10,
+                          budget_ms=options.e2e_budget_ms)
         times: dict[str, TimingStats] = {}
         if gm is not None:
             n_nodes = len(gm.graph.nodes)
             with _progress(n_nodes, options.progress, f"timing {n_nodes} nodes on {device}") as advance:
                 interp = _TimingInterpreter(gm, clock, options.node_budget_ms, advance)
-                interp.run(*inputs)
+                interp.run(*call.graph_args(gm))
             times = interp.times
             leaf_ms: dict[str, float] = {}
+            unstable = [name for name, t in times.items() if t.unstable]
         else:
-            leaf_ms = _leaf_module_times(model, inputs, clock)
-        sweep = _sweep(model, inputs, clock, device, options) if options.sweep else None
+            leaf_ms, unstable = _leaf_module_times(model, call, clock)
+        sweep = _sweep(model, specs, inputs, clock, device, options) if options.sweep else None
     nodes = tuple(dataclasses.replace(n, latency_ms=times[n.name].median_ms if n.name in times else None,
-                                      attrs={**n.attrs, "latency_spread": round(times[n.name].spread, 4)}
-                                      if n.name in times else n.attrs)
+                                      attrs=_timing_attrs(n.attrs, times[n.name]) if n.name in times else n.attrs)
                   for n in report.nodes)
     by_module: dict[str, float] = dict(leaf_ms)
     for n in nodes:
@@ -202,6 +214,7 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=N
         "throughput_per_s": batch / (e2e.median_ms / 1e3) if e2e.median_ms else None,
         "per_layer_sum_ms": per_layer if times or leaf_ms else None,
         "timed_nodes": len(times) if times else len(leaf_ms),
+        "unstable": e2e.unstable, "unstable_nodes": len(unstable),
     }
     if sweep is not None:
         latency["sweep"] = sweep
@@ -216,7 +229,34 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=N
             "end-to-end exceeds the per-layer sum: launch overhead and host time between layers"
             if gap > 0 else "the per-layer sum exceeds end-to-end: isolated timing repeats per-call overhead "
             "that back-to-back execution overlaps")
-    return dataclasses.replace(report, nodes=nodes, modules=modules, latency=latency)
+    warnings = _instability_warnings(e2e, unstable, latency["timed_nodes"], device)
+    return dataclasses.replace(report, nodes=nodes, modules=modules, latency=latency,
+                               warnings=report.warnings + warnings)
+
+
+def _timing_attrs(attrs: dict, stats: TimingStats) -> dict:
+    """A timed node's attrs: its spread, and ``latency_unstable`` when that is over the threshold."""
+    return {**attrs, "latency_spread": round(stats.spread, 4), **({"latency_unstable": True} if stats.unstable else {})}
+
+
+def _instability_warnings(e2e: TimingStats, unstable: list[str], timed: int, device: torch.device) -> tuple[str, ...]:
+    """What an unstable measurement means for the report, and what to do about it (nothing when stable)."""
+    if not e2e.unstable and not unstable:
+        return ()
+    if device.type == "cpu":
+        advice = (f"close other programs, pin the CPU threads with --threads (fewer than this machine's "
+                  f"{os.cpu_count()} cores) and measure again")
+    else:
+        advice = f"stop other processes using {device} (nvidia-smi lists them) and measure again"
+    names = f" ({', '.join(unstable[:3])}{', ...' if len(unstable) > 3 else ''})" if unstable else ""
+    layers = f"{len(unstable)} of {timed} layer timings are unstable{names}"
+    if e2e.unstable:
+        return (f"the end-to-end timing is unstable: spread {100 * e2e.spread:.0f}% (quartiles {e2e.p25_ms:.3f}-"
+                f"{e2e.p75_ms:.3f} ms around a median of {e2e.median_ms:.3f} ms) after {e2e.rounds} rounds, over "
+                f"the {100 * UNSTABLE_SPREAD:.0f}% a quiet machine stays well under; the end-to-end time, its gap "
+                f"to the per-layer sum and any prediction error against it are unreliable, and {layers}: {advice}",)
+    return (f"{layers} even after a retry (spread over {100 * UNSTABLE_SPREAD:.0f}%): their ms and the per-layer "
+            f"sum are unreliable (JSON: latency_unstable on those nodes); {advice}",)
 
 
 def _module_latency(report: Report, ms_by_module: dict[str, float]) -> tuple:
@@ -228,8 +268,9 @@ def _module_latency(report: Report, ms_by_module: dict[str, float]) -> tuple:
     return tuple(dataclasses.replace(m, latency_ms=sums.get(m.path)) for m in report.modules)
 
 
-def _leaf_module_times(model: torch.nn.Module, inputs, clock, runs: int = 7) -> dict[str, float]:
-    """Median ms of every leaf module (no children) over ``runs`` full forward passes, via hooks.
+def _leaf_module_times(model: torch.nn.Module, call: Call, clock, runs: int = 7) -> tuple[dict[str, float], list[str]]:
+    """Median ms of every leaf module (no children) over ``runs`` full forward passes, via hooks,
+    and the leaf modules whose samples are unstable.
 
     For eagerly captured models, which have no replayable graph: each leaf's forward is
     bracketed by the clock (synchronising on a GPU) while the whole model runs.
@@ -246,20 +287,21 @@ def _leaf_module_times(model: torch.nn.Module, inputs, clock, runs: int = 7) -> 
         if id(module) in names and started.get(id(module)):
             samples[names[id(module)]].append(clock.stop(started[id(module)].pop()))
 
-    model(*inputs)  # warm-up
+    call(model)  # warm-up
     handles = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
                torch.nn.modules.module.register_module_forward_hook(post)]
     try:
         for _ in range(runs):
-            model(*inputs)
+            call(model)
     finally:
         for h in handles:
             h.remove()
     # a module called k times per pass contributes k samples per run: its per-pass time is their sum / runs
-    return {n: sorted(v)[len(v) // 2] * len(v) / runs for n, v in samples.items() if v}
+    ms = {n: sorted(v)[len(v) // 2] * len(v) / runs for n, v in samples.items() if v}
+    return ms, [n for n, v in samples.items() if v and summarize(v).unstable]
 
 
-def _sweep(model, inputs, clock, device: torch.device, options: MeasureOptions) -> dict:
+def _sweep(model, specs, inputs, clock, device: torch.device, options: MeasureOptions) -> dict:
     """Throughput at larger batches; on a GPU, input copies pinned vs pageable and channels_last A/B."""
     budget = min(options.e2e_budget_ms, 500.0)
     base = inputs[0].shape[0] if inputs and inputs[0].dim() else 1
@@ -267,7 +309,7 @@ def _sweep(model, inputs, clock, device: torch.device, options: MeasureOptions) 
     for factor in (1, 2, 4, 8):
         xs = [x.repeat(factor, *([1] * (x.dim() - 1))) if x.dim() else x for x in inputs]
         try:
-            stats = time_fn(lambda: model(*xs), clock, warmup=2, min_repeats=3, budget_ms=budget)
+            stats = time_fn(lambda: Call.of(specs, xs)(model), clock, warmup=2, min_repeats=3, budget_ms=budget)
         except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:  # out of memory, or a fixed batch size
             out_note = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             batches.append({"batch": base * factor, "failed": out_note})
@@ -289,7 +331,7 @@ def _sweep(model, inputs, clock, device: torch.device, options: MeasureOptions) 
         if not options.channels_last and any(x.dim() == 4 for x in inputs):
             cl_model = model.to(memory_format=torch.channels_last)
             cl_inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
-            cl = time_fn(lambda: cl_model(*cl_inputs), clock, warmup=3, min_repeats=5, budget_ms=budget)
+            cl = time_fn(lambda: Call.of(specs, cl_inputs)(cl_model), clock, warmup=3, min_repeats=5, budget_ms=budget)
             model.to(memory_format=torch.contiguous_format)
             out["channels_last_ms"] = cl.median_ms
     return out

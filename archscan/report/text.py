@@ -1,32 +1,46 @@
-"""Terminal text: the per-module and per-node tables and the totals block."""
+"""Terminal text: the per-module and per-node tables, the totals block and the findings.
+
+Every function that renders takes ``width``, the columns to fit (``terminal_width()`` in the CLI,
+``DEFAULT_WIDTH`` otherwise): the module tree and the node table leave out their least important
+columns until they fit, the findings table wraps its prose at word boundaries and stacks columns,
+and a source ``file:line`` is shortened from the left, never split.
+"""
 
 from __future__ import annotations
 
-from tabulate import tabulate
+import re
+import shutil
+import textwrap
+from dataclasses import dataclass, replace
 
-from ..results import Report
+from ..results import ModuleReport, Report, module_and_ancestors
+
+DEFAULT_WIDTH = 120  # columns when the output is not a terminal and COLUMNS is not set
+
+
+def terminal_width() -> int:
+    """Columns to fit: COLUMNS when set, else the terminal's width, else ``DEFAULT_WIDTH`` (a pipe, a file)."""
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
 def fmt_count(n: float | int | None, unit: str = "") -> str:
     """1234567 -> '1.23M' (SI prefixes, three significant digits)."""
-    if n is None:
-        return "-"
-    n = float(n)
-    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{suffix}{unit}"
-    return f"{n:.3g}{unit}" if n != int(n) else f"{int(n)}{unit}"
+    return "-" if n is None else _prefixed(float(n), ((1, ""), (1e3, "K"), (1e6, "M"), (1e9, "G"), (1e12, "T")), unit)
 
 
 def fmt_bytes(n: float | int | None) -> str:
     """Bytes with binary prefixes: 1536 -> '1.5 KiB'."""
-    if n is None:
-        return "-"
-    n = float(n)
-    for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {suffix}"
-    return f"{int(n)} B"
+    return "-" if n is None else _prefixed(float(n), ((1, " B"), (2**10, " KiB"), (2**20, " MiB"), (2**30, " GiB"),
+                                                      (2**40, " TiB")))
+
+
+def _prefixed(n: float, prefixes: tuple, unit: str = "") -> str:
+    """``n`` in the smallest prefix that shows it in three significant digits without an exponent."""
+    for div, suffix in prefixes:
+        text = f"{n / div:.3g}"
+        if "e+" not in text:  # 1011 KiB would read '1.01e+03 KiB': '0.987 MiB' instead
+            break
+    return f"{text}{suffix}{unit}"
 
 
 def fmt_ms(x: float | None) -> str:
@@ -37,47 +51,63 @@ def _shape(s) -> str:
     return "-" if s is None else "×".join(str(d) for d in s)
 
 
-def module_table(report: Report, depth: int = 2) -> str:
-    """Modules down to ``depth``, indented, each with its subtree's costs."""
-    rows = []
+def module_table(report: Report, depth: int = 2, width: int = DEFAULT_WIDTH) -> str:
+    """Modules down to ``depth`` as a tree (``├─``/``└─``), each with its subtree's costs, fitted to ``width``."""
+    shown = [m for m in report.modules if m.depth <= depth and (m.nodes or m.params)]
+    timed = bool(report.latency and report.latency.get("end_to_end_ms"))
     total_flops = report.totals.flops or 1
-    for m in report.modules:
-        if m.depth > depth or (m.nodes == 0 and m.params == 0):
-            continue
-        name = "  " * m.depth + (m.path.rsplit(".", 1)[-1] if m.path else report.model)
-        rows.append([
-            name, m.type, m.category or "-", fmt_count(m.params), fmt_count(m.flops), f"{100 * m.flops / total_flops:.1f}%",
-            fmt_bytes(m.mac_bytes), fmt_count(m.elem_ops), f"{m.intensity:.1f}", _shape(m.out_shape),
-        ] + ([fmt_ms(m.latency_ms)] if report.latency and report.latency.get("end_to_end_ms") else []))
-    headers = ["module", "type", "category", "params", "FLOPs", "share", "MAC", "elem ops", "FLOPs/B", "out shape"]
-    if report.latency and report.latency.get("end_to_end_ms"):
-        headers.append("ms")
-    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left", "left", "left") + ("right",) * (len(headers) - 3))
+    rows = _tree(shown, report.model)
+    columns = [
+        _Column("module", [label for label, _ in rows]),
+        _Column("type", [m.type for _, m in rows]),
+        _Column("category", [m.category or "-" for _, m in rows]),
+        _Column("params", [fmt_count(m.params) for _, m in rows], right=True),
+        _Column("FLOPs", [fmt_count(m.flops) for _, m in rows], right=True),
+        _Column("share", [f"{100 * m.flops / total_flops:.1f}%" for _, m in rows], right=True),
+        _Column("MAC", [fmt_bytes(m.mac_bytes) for _, m in rows], right=True),
+        _Column("elem ops", [fmt_count(m.elem_ops) for _, m in rows], right=True),
+        _Column("FLOPs/B", [f"{m.intensity:.1f}" for _, m in rows], right=True),
+        _Column("out shape", [_shape(m.out_shape) for _, m in rows], right=True),
+    ] + ([_Column("ms", [fmt_ms(m.latency_ms) for _, m in rows], right=True)] if timed else [])
+    return _fitted_grid(columns, width, _MODULE_SQUEEZE)
 
 
-def node_table(report: Report, limit: int | None = None, sort: str | None = None) -> str:
-    """Every node: op, module, category, costs, output shape (optionally the top ``limit`` by ``sort``)."""
+def node_table(report: Report, limit: int | None = None, sort: str | None = None, width: int = DEFAULT_WIDTH) -> str:
+    """Every node: op, module, category, costs, output shape (optionally the top ``limit`` by ``sort``),
+    fitted to ``width``."""
     nodes = list(report.nodes)
     if sort:
         nodes.sort(key=lambda n: getattr(n, sort) or 0, reverse=True)
     if limit:
         nodes = nodes[:limit]
-    rows = [[n.name, n.op, n.module or "-", n.category, fmt_count(n.params), fmt_count(n.flops), fmt_bytes(n.mac_bytes),
-             fmt_count(n.elem_ops), f"{n.intensity:.1f}", _shape(n.out_shape)]
-            + ([fmt_ms(n.latency_ms), fmt_ms(n.predicted_ms), n.attrs.get("bound", "-"),
-                f"{100 * n.attrs['achieved']:.0f}%" if "achieved" in n.attrs else "-"] if report.latency else [])
-            for n in nodes]
-    headers = ["node", "op", "module", "category", "params", "FLOPs", "MAC", "elem ops", "FLOPs/B", "out shape"]
+    columns = [
+        _Column("node", [n.name for n in nodes]),
+        _Column("op", [n.op for n in nodes], seps="._"),
+        _Column("module", [n.module or "-" for n in nodes], seps="."),
+        _Column("category", [n.category for n in nodes]),
+        _Column("params", [fmt_count(n.params) for n in nodes], right=True),
+        _Column("FLOPs", [fmt_count(n.flops) for n in nodes], right=True),
+        _Column("MAC", [fmt_bytes(n.mac_bytes) for n in nodes], right=True),
+        _Column("elem ops", [fmt_count(n.elem_ops) for n in nodes], right=True),
+        _Column("FLOPs/B", [f"{n.intensity:.1f}" for n in nodes], right=True),
+        _Column("out shape", [_shape(n.out_shape) for n in nodes], right=True),
+    ]
     if report.latency:
-        headers += ["ms", "pred ms", "bound", "% roof"]
-    return tabulate(rows, headers=headers, disable_numparse=True,
-                    colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
+        columns += [
+            _Column("ms", [fmt_ms(n.latency_ms) for n in nodes], right=True),
+            _Column("pred ms", [fmt_ms(n.predicted_ms) for n in nodes], right=True),
+            _Column("bound", [n.attrs.get("bound", "-") for n in nodes]),
+            _Column("% roof", [f"{100 * n.attrs['achieved']:.0f}%" if "achieved" in n.attrs else "-" for n in nodes],
+                    right=True),
+        ]
+    return _fitted_grid(columns, width, _NODE_SQUEEZE)
 
 
 def totals_lines(report: Report) -> list[str]:
     """The totals block: params, FLOPs, MAC, element ops, intensity, capture."""
     t = report.totals
-    inputs = ", ".join(f"{'×'.join(map(str, i['shape']))} {i['dtype']}" for i in report.inputs)
+    inputs = ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{'×'.join(map(str, i['shape']))} {i['dtype']}"
+                       for i in report.inputs)
     lines = [
         f"model      {report.model}  (capture: {report.capture}, dtype {report.dtype}, input {inputs})",
         f"params     {fmt_count(t.params)} ({t.params:,}; {fmt_bytes(t.param_bytes)})"
@@ -156,8 +186,13 @@ def fmt_saving(saving: dict) -> str:
     return ", ".join(parts) or "-"
 
 
-def findings_table(report: Report, limit: int = 20) -> str:
-    """Findings, most severe and largest saving first: rule, where, evidence, saving, fix."""
+def findings_table(report: Report, limit: int = 20, width: int = DEFAULT_WIDTH) -> str:
+    """Findings, most severe and largest saving first: severity, rule, where, finding, saving, fix.
+
+    Fitted to ``width``: the first layout of ``_FINDING_LAYOUTS`` whose prose columns get at least
+    ``_PROSE_MIN`` characters; narrower ones stack the saving and fix under the finding and the
+    severity under the rule. Prose wraps at word boundaries; a source ``file:line`` is never split.
+    """
     if not report.findings:
         return "findings   none"
     # Identical findings on several layers (say, every depthwise conv) read as one row; JSON keeps each.
@@ -167,14 +202,12 @@ def findings_table(report: Report, limit: int = 20) -> str:
     rows = []
     for (rule, severity, message, fix), same in list(groups.items())[:limit]:
         first = same[0]
-        where = (first.module or "(model)") + (f" (+{len(same) - 1} like it)" if len(same) > 1 else "")
-        if first.source:
-            where += f"\n{first.source}"
         saving = {k: sum(f.saving.get(k, 0) for f in same) if all(isinstance(f.saving.get(k), (int, float)) for f in same)
                   else v for k, v in first.saving.items()}
-        rows.append([severity, rule, where, message, fmt_saving(saving), fix])
-    table = tabulate(rows, headers=["severity", "rule", "where", "finding", "saving", "fix"],
-                     maxcolwidths=[None, None, 30, 50, 16, 50], disable_numparse=True)
+        rows.append({"severity": severity, "rule": rule, "module": first.module or "(model)",
+                     "like": f"(+{len(same) - 1} like it)" if len(same) > 1 else "", "source": first.source or "",
+                     "finding": message, "saving": fmt_saving(saving), "fix": fix})
+    table = _findings_grid(rows, width)
     more = len(groups) - limit
     counts = {}
     for f in report.findings:
@@ -183,10 +216,216 @@ def findings_table(report: Report, limit: int = 20) -> str:
     return "\n".join([table] + ([f"... and {more} more (--json lists all)"] if more > 0 else []) + [summary])
 
 
-def render_text(report: Report, depth: int = 2, per_node: bool = False, findings: bool = True) -> str:
-    """The full terminal report."""
-    parts = [node_table(report) if per_node else module_table(report, depth), "", *totals_lines(report),
-             *latency_lines(report)]
+def render_text(report: Report, depth: int = 2, per_node: bool = False, findings: bool = True,
+                width: int = DEFAULT_WIDTH) -> str:
+    """The full terminal report, every line fitted to ``width`` columns (``terminal_width()`` in the CLI)."""
+    table = node_table(report, width=width) if per_node else module_table(report, depth, width=width)
+    parts = [table, "", *_hang(totals_lines(report) + latency_lines(report), width)]
     if findings:
-        parts += ["", findings_table(report)]
+        parts += ["", findings_table(report, width=width)]
     return "\n".join(parts)
+
+
+# --- fitting the tables to a width -----------------------------------------------------------------
+
+_GAP = "  "  # between columns
+
+
+@dataclass(frozen=True)
+class _Column:
+    """One table column: its header and one cell per row (a cell may hold several lines)."""
+
+    header: str
+    cells: list[str]
+    right: bool = False     # numbers align right
+    seps: str | None = None  # a dotted name, abbreviated from the left before these characters when narrow
+
+
+# Squeeze steps, tried in order while a table is wider than the terminal: (header, None) leaves the
+# column out, (header, n) abbreviates its names to n characters. The order is the columns' importance,
+# least first: values that others imply go first (category from type, share from FLOPs, FLOPs/B from
+# FLOPs and MAC); the name, FLOPs and the measured ms always stay.
+_MODULE_SQUEEZE = (("category", None), ("elem ops", None), ("share", None), ("FLOPs/B", None),
+                   ("out shape", None), ("params", None), ("type", None), ("MAC", None))
+_NODE_SQUEEZE = (("category", None), ("elem ops", None), ("FLOPs/B", None), ("% roof", None), ("bound", None),
+                 ("params", None), ("op", 24), ("module", 24), ("out shape", None), ("pred ms", None),
+                 ("op", 16), ("module", 16), ("module", None), ("op", None), ("MAC", None))
+
+# Findings layouts, widest first; each column stacks the fields named, one under the other.
+_FINDING_LAYOUTS = (
+    (("severity",), ("rule",), ("where",), ("finding",), ("saving",), ("fix",)),
+    (("severity",), ("rule",), ("where",), ("finding", "saving", "fix")),
+    (("rule", "severity"), ("where",), ("finding", "saving", "fix")),
+)
+_PROSE = {"finding", "fix"}    # columns that take the width the others leave, wrapped at word boundaries
+_PROSE_MIN, _PROSE_MAX, _SAVING_MAX = 40, 60, 16
+
+
+def _tree(modules: list[ModuleReport], model: str) -> list[tuple[str, ModuleReport]]:
+    """Modules in tree order, each with its label: the model's name, then '├─ layer1', '│  └─ 0', ..."""
+    paths = {m.path for m in modules}
+    children: dict[str | None, list[ModuleReport]] = {}
+    for m in modules:  # a module hangs under its nearest ancestor in the table
+        parent = next((p for p in reversed(module_and_ancestors(m.path)[:-1]) if p in paths), None) if m.path else None
+        children.setdefault(parent, []).append(m)
+    rows: list[tuple[str, ModuleReport]] = []
+
+    def walk(m: ModuleReport, label: str, prefix: str) -> None:  # prefix: what the rows below m start with
+        rows.append((label, m))
+        kids = children.get(m.path, [])
+        for i, kid in enumerate(kids):
+            last = i == len(kids) - 1
+            name = kid.path[len(m.path) + 1:] if m.path else kid.path
+            walk(kid, prefix + ("└─ " if last else "├─ ") + name, prefix + ("   " if last else "│  "))
+
+    for top in children.get(None, []):
+        walk(top, top.path, "")
+    # the model's name (also in the totals) is shortened to the tree's width: '…/models/net.py:Net'
+    width = max([24] + [len(label) for label, m in rows if m.path])
+    return [(label if m.path else _abbrev(model, width, "/"), m) for label, m in rows]
+
+
+def _fitted_grid(columns: list[_Column], width: int, squeeze: tuple) -> str:
+    """The table after as many ``squeeze`` steps as it takes to fit ``width``, naming the columns left out."""
+    columns = list(columns)
+    left_out = []
+    for header, cap in squeeze:
+        if _grid_width(columns) <= width:
+            break
+        i = next((i for i, c in enumerate(columns) if c.header == header), None)
+        if i is None:
+            continue
+        if cap is None:
+            left_out.append(columns.pop(i).header)
+        else:
+            columns[i] = replace(columns[i], cells=[_abbrev(cell, cap, columns[i].seps) for cell in columns[i].cells])
+    lines = _grid(columns)
+    if left_out:
+        lines += textwrap.wrap(f"(left out to fit {width} columns: {', '.join(left_out)}; --json has every value)", width)
+    return "\n".join(lines)
+
+
+def _findings_grid(rows: list[dict], width: int) -> str:
+    """The findings in the widest of ``_FINDING_LAYOUTS`` whose prose columns still get ``_PROSE_MIN`` characters."""
+    where = max(24, min(36, width // 4))
+    # the where column is at least as wide as its longest file:line, which is never split
+    caps = {"where": max([where] + [len(_abbrev(row["source"], where, "/")) for row in rows]), "saving": _SAVING_MAX}
+    for layout in _FINDING_LAYOUTS:
+        fixed = {fields: [_finding_cell(row, fields, caps.get(fields[0], width)) for row in rows]
+                 for fields in layout if not _PROSE & set(fields)}
+        prose = [fields for fields in layout if fields not in fixed]
+        fixed_width = sum(_cell_width(fields[0], *cells) for fields, cells in fixed.items())
+        left = width - fixed_width - len(_GAP) * (len(layout) - 1)
+        prose_width = min(_PROSE_MAX, left // len(prose))
+        if prose_width >= _PROSE_MIN:
+            break
+    prose_width = max(prose_width, 12)  # the narrowest layout takes what is left, however little
+    columns = [_Column(fields[0], fixed.get(fields) or [_finding_cell(row, fields, prose_width) for row in rows])
+               for fields in layout]
+    return "\n".join(_grid(columns))
+
+
+def _finding_cell(row: dict, fields: tuple[str, ...], width: int) -> str:
+    """One findings cell: ``fields`` stacked, each wrapped to ``width``; stacked ones after the first are labelled."""
+    lines = []
+    for i, field in enumerate(fields):
+        text = row.get(field, "")
+        if i and field in ("saving", "fix"):  # stacked under the finding: labelled, and left out when empty
+            if text in ("", "-"):
+                continue
+            text = f"{field}: {text}"
+        lines += _FIELD_LINES[field](row, text, width)
+    return "\n".join(lines)
+
+
+def _where_lines(row: dict, _text: str, width: int) -> list[str]:
+    """Module path (wrapped after dots) with '(+N like it)', then the source 'file:line', whole, shortened from the left."""
+    module = " ".join(x for x in (row["module"], row["like"]) if x)
+    lines = [module] if len(module) <= width else _wrap_at(row["module"], width, ".") + ([row["like"]] if row["like"] else [])
+    return lines + ([_abbrev(row["source"], width, "/")] if row["source"] else [])
+
+
+_FIELD_LINES = {
+    "severity": lambda row, text, width: [text],
+    "rule": lambda row, text, width: [text],
+    "where": _where_lines,
+    "finding": lambda row, text, width: _wrap_prose(text, width),
+    "saving": lambda row, text, width: _wrap_at(text, width, ", "),
+    "fix": lambda row, text, width: _wrap_prose(text, width),
+}
+
+
+def _grid(columns: list[_Column]) -> list[str]:
+    """Aligned rows under the headers and a dashed rule; a cell of several lines makes its row that tall.
+
+    Not tabulate: it strips the tree's leading spaces and pads the headers."""
+    widths = [_cell_width(c.header, *c.cells) for c in columns]
+
+    def line(parts: list[str]) -> str:
+        return _GAP.join(p.rjust(w) if c.right else p.ljust(w) for p, w, c in zip(parts, widths, columns)).rstrip()
+
+    lines = [line([c.header for c in columns]), line(["-" * w for w in widths])]
+    for row in zip(*(c.cells for c in columns)):
+        cell_lines = [cell.split("\n") for cell in row]
+        for k in range(max(len(cl) for cl in cell_lines)):
+            lines.append(line([cl[k] if k < len(cl) else "" for cl in cell_lines]))
+    return lines
+
+
+def _grid_width(columns: list[_Column]) -> int:
+    return sum(_cell_width(c.header, *c.cells) for c in columns) + len(_GAP) * (len(columns) - 1)
+
+
+def _cell_width(*cells: str) -> int:
+    return max(len(line) for cell in cells for line in cell.split("\n"))
+
+
+def _abbrev(text: str, width: int, seps: str | None) -> str:
+    """'a/b/c/d.py:12' -> '…/c/d.py:12': the whole trailing parts, split before any of ``seps``, that fit
+    ``width``; the last part is never cut."""
+    if seps is None or len(text) <= width:
+        return text
+    *parts, tail = re.split(f"(?=[{re.escape(seps)}])", text)
+    for part in reversed(parts):
+        if len("…" + part + tail) > width:
+            break
+        tail = part + tail
+    return "…" + tail if parts else text
+
+
+def _wrap_at(text: str, width: int, sep: str) -> list[str]:
+    """Lines of at most ``width`` characters broken only after ``sep``; a longer piece stays whole."""
+    *pieces, last = text.split(sep)
+    lines = [""]
+    for piece in [p + sep for p in pieces] + [last]:
+        if lines[-1] and len(lines[-1] + piece.rstrip()) > width:
+            lines.append("")
+        lines[-1] += piece
+    return [line.rstrip() for line in lines]
+
+
+def _wrap_prose(text: str, width: int) -> list[str]:
+    """Words wrapped to ``width``; a word longer than that (a dotted call, a path) is broken after its dots or slashes."""
+    lines = [""]
+    for word in text.split():
+        pieces = _wrap_at(word, width, "/" if "/" in word else ".") if len(word) > width else [word]
+        for i, piece in enumerate(pieces):
+            glue = " " if lines[-1] and i == 0 else ""  # the pieces of one word join without a space
+            if lines[-1] and len(lines[-1] + glue + piece) > width:
+                lines.append("")
+                glue = ""
+            lines[-1] += glue + piece
+    return [line for line in lines if line]
+
+
+_UNIT_SPACE = re.compile(r"(?<=\d) (?=(?:[KMGT]iB|B|ms)\b)")  # between a number and its unit
+
+
+def _hang(lines: list[str], width: int) -> list[str]:
+    """'label      text' lines wrapped at word boundaries, continuation lines under the text."""
+    out = []
+    for line in lines:
+        line = _UNIT_SPACE.sub("\xa0", line)  # '1.32 KiB' stays on one line: textwrap breaks at ASCII spaces only
+        out += [part.replace("\xa0", " ") for part in textwrap.wrap(
+            line, width, subsequent_indent=" " * 11, break_long_words=False, break_on_hyphens=False)] or [""]
+    return out

@@ -81,7 +81,13 @@ def check_host_sync(ctx: RuleContext) -> list[Finding]:
 
 
 def check_host_tensor(ctx: RuleContext) -> list[Finding]:
-    """Tensors created on the host, or moved with .to()/.cuda(), inside forward."""
+    """Tensors created on the host, or moved with .to()/.cuda(), inside forward.
+
+    Not host tensors: fx constants computed from the model's parameters and buffers (views of a
+    ``relative_position_index`` buffer) and ``torch.tensor(..., device=...)`` calls; both are told
+    apart when the report is built (``archscan.api``). A ``torch.tensor`` call that export records
+    without showing its source line (made in a helper below forward) is noted as ``info``.
+    """
     findings = []
     made = [n for n in ctx.report.nodes if n.attrs.get("host_factory")]
     consts = list(ctx.report.host_constants)
@@ -96,6 +102,18 @@ def check_host_tensor(ctx: RuleContext) -> list[Finding]:
             saving={"copies": len(made) + len(consts)},
             fix="register them as buffers in __init__ (register_buffer), or create them with device=x.device",
             source=(consts[0]["source"] if consts else made[0].source),
+        ))
+    unchecked = [n for n in ctx.report.nodes if n.attrs.get("host_factory_unchecked")]
+    if unchecked:
+        findings.append(Finding(
+            rule="host-tensor", severity="info", module=_where(unchecked),
+            message=(f"{len(unchecked)} torch.tensor(...) call(s) inside forward whose device= could not be "
+                     "checked: the capture does not show the line that makes them"),
+            evidence={"nodes": [n.name for n in unchecked[:_SHOW]],
+                      "called_from": sorted({n.source or n.name for n in unchecked})[:_SHOW]},
+            saving={"copies": len(unchecked)},
+            fix="make sure the helpers called there pass device=x.device (or register the tensors as buffers)",
+            source=unchecked[0].source,
         ))
     moved = [n for n in ctx.report.nodes if n.attrs.get("device_move") and not n.attrs.get("to_host")]
     if moved:
