@@ -132,8 +132,12 @@ def output_tensors(value: Any) -> tuple[torch.Tensor, ...]:
                 stack.extend(reversed(list(x.values())))
             elif isinstance(x, (list, tuple)):
                 stack.extend(reversed(x))
-            elif hasattr(x, "__dict__"):
-                stack.extend(reversed(list(vars(x).values())))
+            else:  # an object: its attributes, in __dict__ and __slots__
+                attrs = list(vars(x).values()) if hasattr(x, "__dict__") else []
+                for cls in type(x).__mro__:
+                    slots = getattr(cls, "__slots__", ())
+                    attrs += [getattr(x, name, None) for name in ((slots,) if isinstance(slots, str) else slots)]
+                stack.extend(reversed(attrs))
     return tuple(out)
 
 

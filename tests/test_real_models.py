@@ -221,3 +221,25 @@ def test_optional_arguments_not_given_keep_their_defaults():
     assert plain.capture == "fx" and plain.totals.flops == 2 * 8 * 8
     masked = archscan.scan(Masked, ["2,8", "mask=2,8"], rules=[])
     assert masked.capture == "fx" and masked.totals.elem_ops == plain.totals.elem_ops + 16
+
+
+def test_output_tensors_are_found_in_any_container():
+    """What forward returns only has to be flattened to its tensors: dicts, dataclasses, objects
+    with __dict__ or __slots__, cycles, modules (skipped)."""
+    from archscan.recording import output_tensors
+
+    class Slots:
+        __slots__ = ("a", "b")
+
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    class One:
+        __slots__ = "only"
+
+    a, b, c = torch.ones(1), torch.zeros(2), torch.ones(3)
+    one = One()
+    one.only = c
+    box = Slots(a, [b, {"k": one}])
+    box.b.append(box)  # a cycle
+    assert [t.shape for t in output_tensors((box, nn.Linear(2, 2), "text", 3))] == [a.shape, b.shape, c.shape]
