@@ -343,7 +343,8 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
         kinds[path] = (isinstance(mod, (nn.Sequential, nn.ModuleList, nn.ModuleDict)),
                        type(mod).__module__.startswith("torch.nn."))
         agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
-        types.setdefault(path, type(mod).__name__)
+        if type(mod) not in (nn.Module, torch.fx.GraphModule):  # an exported program's: nodes know the types
+            types.setdefault(path, type(mod).__name__)
     for node, stack in zip(nodes, stacks):
         for p, t in stack:
             types.setdefault(p, t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -29,7 +30,9 @@ def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
         if id(t) not in memo:
             fake = fake_mode.from_tensor(t.detach())
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
-    return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
+    with warnings.catch_warnings():  # an exported program's tree specs warn about their own deprecations
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
 
 
 def _derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:

@@ -212,6 +212,11 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
                         + _hook_notes(hooks), names, numel, failures, _was_training(target), tuple(syncs),
                         fake=real_model is None)
 
+    if target.program:  # an exported program (.pt2): its graph is the capture, module stacks included
+        gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures)
+        if gm is None:
+            raise CaptureError(f"the exported program {target.name} does not run: {failures['program']}")
+        return captured(gm, "export")
     if method in ("auto", "fx"):
         gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
         if gm is not None:
@@ -259,7 +264,8 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
     when it does not work. A model that rejects its inputs is an input error, raised."""
     try:
         with quiet(), watcher or contextlib.nullcontext():
-            gm = trace_fx(model, call) if kind == "fx" else trace_export(model, call)
+            gm = (model if kind == "program" else trace_fx(model, call) if kind == "fx"
+                  else trace_export(model, call))
     except Exception as exc:
         failures[kind] = short(exc)
         return None

@@ -61,6 +61,7 @@ class ModelTarget:
     instance: nn.Module | None = None
     source_file: str | None = None
     default_inputs: tuple[str, ...] = ()
+    program: bool = False  # ``instance`` is an exported program's module: its graph is the capture
 
     def build(self, kwargs: dict[str, Any]) -> nn.Module:
         """Call the factory (or return the instance); errors become ArchscanError."""
@@ -130,6 +131,26 @@ def parse_input_spec(text: str) -> InputSpec:
         raise ArchscanError(f"--input {text!r} is too large: {numel:.3g} elements cannot be addressed",
                             hint="give the shape the model really takes, e.g. --input 1,3,224,224")
     return InputSpec(shape, dtype, name if eq else None)
+
+
+def _load_program(path: str) -> ModelTarget:
+    """An exported program (``torch.export.save``): its module, and its example inputs as defaults."""
+    if not os.path.isfile(path):
+        raise ArchscanError(f"no such file: {path}", hint="give the path of a .pt2 file written by torch.export.save")
+    from .recording import quiet  # torch logs a traceback of its own before raising
+
+    try:
+        with quiet():
+            program = torch.export.load(path)
+    except Exception as exc:
+        raise ArchscanError(f"{path} is not an exported program torch.export.load can read: "
+                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                            hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
+    args, kwargs = program.example_inputs or ((), {})
+    specs = [f"{','.join(map(str, t.shape))}:{dtype_name(t.dtype)}" for t in args]
+    specs += [f"{name}={','.join(map(str, t.shape))}:{dtype_name(t.dtype)}" for name, t in kwargs.items()]
+    return ModelTarget(path, None, instance=program.module(), source_file=os.path.abspath(path),
+                       default_inputs=tuple(specs), program=True)
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -297,7 +318,9 @@ def _import_module(name: str) -> Any:
 
 
 def resolve_target(target: str) -> ModelTarget:
-    """Turn 'file.py:Net', 'pkg.mod:factory' or 'zoo:name' into a ModelTarget."""
+    """Turn 'file.py:Net', 'pkg.mod:factory', 'zoo:name' or 'program.pt2' into a ModelTarget."""
+    if target.endswith(".pt2") and ":" not in target:
+        return _load_program(target)
     if target.startswith("zoo:"):
         from . import zoo
 

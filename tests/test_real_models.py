@@ -243,3 +243,29 @@ def test_output_tensors_are_found_in_any_container():
     box = Slots(a, [b, {"k": one}])
     box.b.append(box)  # a cycle
     assert [t.shape for t in output_tensors((box, nn.Linear(2, 2), "text", 3))] == [a.shape, b.shape, c.shape]
+
+
+def test_an_exported_program_is_a_target(tmp_path, capsys):
+    """archscan program.pt2: the saved graph is the capture (module paths and types kept), its
+    example inputs are the default --input, and it counts what the model counts."""
+    from archscan.cli import main
+
+    import toy
+
+    model = toy.Net().eval()
+    path = str(tmp_path / "net.pt2")
+    torch.export.save(torch.export.export(model, (torch.randn(2, 3, 16, 16),)), path)
+    direct = archscan.scan(model, [(2, 3, 16, 16)], rules=[])
+    program = archscan.scan(path, [(2, 3, 16, 16)], rules=[])
+    assert program.capture == "export"
+    assert (program.totals.flops, program.totals.mac_bytes, program.totals.params) == \
+        (direct.totals.flops, direct.totals.mac_bytes, direct.totals.params)
+    assert program.module("conv").type == "Conv2d" and program.module("conv").flops == direct.module("conv").flops
+    code = main([path, "--json"])  # no --input: the program's example inputs
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["inputs"] == [{"shape": [2, 3, 16, 16], "dtype": "float32"}]
+    assert data["totals"]["flops"] == direct.totals.flops
+    (tmp_path / "bad.pt2").write_text("not a program")
+    assert main([str(tmp_path / "bad.pt2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not an exported program" in err
