@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import linecache
 from collections import Counter
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
 from .capture import Captured, NodeCosts, capture, module_stack, seeded_rng, source_of
-from .costs import CATEGORIES
+from .costs import CATEGORIES, storage_key
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
 from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
@@ -177,6 +180,31 @@ _HOST_FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros,
 _DEVICE_METHODS = {"to", "cuda", "cpu"}
 
 
+def _executes(node: torch.fx.Node) -> bool:
+    """Did the node run something (a report row)? Pure Python values (x.size(), getattr) did not."""
+    costs = node.meta.get("archscan")
+    return costs is not None and (bool(costs.ops) or costs.out_shape is not None)
+
+
+def _passes_device(source: str | None) -> bool | None:
+    """Does every torch.tensor/as_tensor call that starts on the source line pass a device?
+    None when no such call starts there (or the line cannot be read)."""
+    fname, _, line = (source or "").rpartition(":")
+    if not (fname and line.isdigit()):
+        return None
+    lines, first = linecache.getlines(fname), int(line)
+    for end in range(first, min(first + 20, len(lines)) + 1):  # a call may span lines
+        try:
+            tree = ast.parse("".join(lines[first - 1:end]).strip())
+        except SyntaxError:
+            continue
+        calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == 1
+                 and getattr(c.func, "attr", getattr(c.func, "id", None)) in ("tensor", "as_tensor", "asarray")]
+        return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                       for k in c.keywords) for c in calls) if calls else None
+    return None
+
+
 def _placement_attrs(node: torch.fx.Node) -> dict:
     """Where a node's tensors come from: host factories without ``device=``, ``.to(device)``, and the
     graph inputs and attributes it shares with other nodes.
@@ -190,34 +218,9 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
     code) is not on that line: ``host_factory_unchecked`` says so, unless the tensor is 0-dim with
     no call on the line, a Python number torch wrapped, which kernels take as a scalar.
     """
-    import ast
-    import linecache
-
-    def runs(user: torch.fx.Node) -> bool:  # kept as a report node (build_report's test)
-        costs = user.meta.get("archscan")
-        return costs is not None and (bool(costs.ops) or costs.out_shape is not None)
-
-    def passes_device(source: str | None) -> bool | None:
-        """Does every torch.tensor/as_tensor call that starts on the source line pass a device?
-        None when no such call starts there (or the line cannot be read)."""
-        fname, _, line = (source or "").rpartition(":")
-        if not (fname and line.isdigit()):
-            return None
-        lines, first = linecache.getlines(fname), int(line)
-        for end in range(first, min(first + 20, len(lines)) + 1):  # a call may span lines
-            try:
-                tree = ast.parse("".join(lines[first - 1:end]).strip())
-            except SyntaxError:
-                continue
-            calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == 1
-                     and getattr(c.func, "attr", getattr(c.func, "id", None)) in ("tensor", "as_tensor", "asarray")]
-            return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
-                           for k in c.keywords) for c in calls) if calls else None
-        return None
-
     attrs: dict = {}
     shared = [a.name for a in node.all_input_nodes
-              if a.op in ("placeholder", "get_attr") and sum(map(runs, a.users)) > 1]
+              if a.op in ("placeholder", "get_attr") and sum(map(_executes, a.users)) > 1]
     if shared:
         attrs["shared_inputs"] = shared
     target = node.target
@@ -226,7 +229,7 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
     elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
         name = target.overloadpacket.__name__
         if name in ("lift_fresh", "lift_fresh_copy"):
-            device, costs = passes_device(source_of(node)), node.meta.get("archscan")
+            device, costs = _passes_device(source_of(node)), node.meta.get("archscan")
             scalar = costs is not None and costs.out_shape == ()  # a Python number wrapped (x[:, 0] = 5)
             if device is None and not scalar:
                 attrs["host_factory_unchecked"] = True
@@ -254,9 +257,9 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        costs: NodeCosts | None = node.meta.get("archscan")
-        if costs is None or (not costs.ops and costs.out_shape is None):
+        if not _executes(node):
             continue  # pure Python values (x.size(), getattr): nothing executed
+        costs: NodeCosts = node.meta["archscan"]
         new_params = costs.param_keys - seen_params
         seen_params |= new_params
         params = sum(captured.param_numel[k] for k in new_params)
@@ -315,10 +318,6 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
     MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
     or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    from .costs import storage_key
-
     registered = {storage_key(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]
                   if not name.rpartition(".")[2].startswith("_tensor_constant")}  # fx registers constants too
     out = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -88,12 +89,17 @@ def trace_fx(model: nn.Module, call: Call | None = None) -> torch.fx.GraphModule
     return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
 
 
-def _defaults_not_given(model: nn.Module, call: Call) -> dict[str, Any] | None:
-    import inspect
-
+def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:
+    """forward's parameters (bound: no self), or None when Python cannot tell them."""
     try:
-        params = list(inspect.signature(model.forward).parameters.values())
+        return list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
+        return None
+
+
+def _defaults_not_given(model: nn.Module, call: Call) -> dict[str, Any] | None:
+    params = _forward_params(model)
+    if params is None:
         return None
     given = {p.name for p in params[:len(call.args)]} | set(call.kwargs)
     return {p.name: p.default for p in params
@@ -399,11 +405,8 @@ def needs_values(exc: BaseException | None) -> bool:
 
 def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
     """One clear message when the --input list does not fit forward's signature."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(model.forward).parameters.values())  # bound: no self
-    except (TypeError, ValueError):
+    params = _forward_params(model)
+    if params is None:
         return
     forward = f"{type(model).__name__}.forward"
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
