@@ -22,7 +22,8 @@ from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_inpu
 from .measure import (DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report,
                       resolve_device)
 from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
-from .rules import run_rules, select_rules
+from .recommend import recommend as _recommend
+from .rules import RuleContext, run_rules, select_rules
 
 InputLike = InputSpec | str | Sequence[int] | torch.Tensor
 
@@ -43,7 +44,7 @@ def _to_spec(x: InputLike) -> InputSpec:
     raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
 
 
-def _to_target(model: Any, name: str | None) -> ModelTarget:
+def to_target(model: Any, name: str | None = None) -> ModelTarget:
     if isinstance(model, ModelTarget):
         return model
     if isinstance(model, str):
@@ -55,10 +56,36 @@ def _to_target(model: Any, name: str | None) -> ModelTarget:
     raise ArchscanError(f"cannot analyse a {type(model).__name__}", hint="give an nn.Module, a class, a factory or 'file.py:Name'")
 
 
+def model_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``--dtype`` as a torch dtype (floating point only)."""
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    if dtype is not None and not dtype.is_floating_point:
+        raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
+    return dtype
+
+
+def input_specs(inputs: Sequence[InputLike] | InputLike | dict, dtype: torch.dtype | None = None) -> list[InputSpec]:
+    """``scan``'s ``inputs`` argument as specs; float32 inputs take the model's ``dtype``."""
+    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
+        inputs = [inputs]  # one input, not a list of them
+    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
+        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
+    if any(isinstance(x, dict) for x in inputs):
+        raise ArchscanError("nested dict inputs are not supported",
+                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
+    specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
+             for s in map(_to_spec, inputs)]
+    if not specs:
+        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
+    return specs
+
+
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
          name: str | None = None, rules: Sequence[str] | None = None,
-         measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None) -> Report:
+         measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
+         recommend: bool = True) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -75,64 +102,61 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         measure: time the real model (``True`` or ``MeasureOptions``: device, amp, channels_last...).
         profile: a ``DeviceProfile`` for roofline predictions; None uses the cached profile of the
             device (``archscan calibrate``) when there is one; False predicts nothing.
+        recommend: rank the changes that answer the findings (``report.recommendations``).
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
     """
-    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
-        inputs = [inputs]  # one input, not a list of them
-    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
-        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
-    if any(isinstance(x, dict) for x in inputs):
-        raise ArchscanError("nested dict inputs are not supported",
-                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
-    if isinstance(dtype, str):
-        dtype = parse_dtype(dtype)
-    if dtype is not None and not dtype.is_floating_point:
-        raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
-    # float32 inputs run in the model's dtype: say so in the report
-    specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
-             for s in map(_to_spec, inputs)]
-    if not specs:
-        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
+    dtype = model_dtype(dtype)
+    specs = input_specs(inputs, dtype)
     options = MeasureOptions() if measure is True else measure or None
     if options is not None:
         check_options(options)  # a device that is not there fails now, not after the analysis
-    target = _to_target(model, name)
+    target = to_target(model, name)
     if target.instance is not None and kwargs:
         raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
                             hint="point archscan at the class or a factory to pass constructor arguments")
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     try:
         with seeded_rng():
-            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile)
+            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
 
 
-def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile) -> Report:
+def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
     captured = capture(target, specs, kwargs, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
     try:
         real = None if captured.fake else captured.model
-        report = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
+        report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
     except DeviceError as exc:
-        exc.report = _measure_and_predict(report, target, specs, kwargs, dtype, None, profile)
-        exc.report = run_rules(exc.report, selected) if selected else exc.report
+        exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
+                             selected, None, advise)
         raise
-    return run_rules(report, selected) if selected else report  # last: some rules read measurements
+    return _advise(report, selected, profile, advise)  # last: some rules read measurements
 
 
-def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None) -> Report:
+def _advise(report: Report, selected: list[str], profile, advise: bool) -> Report:
+    """Findings, then the recommendations that answer them (one graph view for both)."""
+    if not selected and not advise:
+        return report
+    ctx = RuleContext(report)
+    report = run_rules(report, selected, ctx) if selected else report
+    return _recommend(report, profile, rules=ctx) if advise else report
+
+
+def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None):
+    """(report with measurements and predictions, the profile that predicted or None)."""
     if options is not None:
         report = measure_report(report, target, specs, kwargs, dtype, options, real)
     if profile is False:
-        return report
+        return report, None
     if profile is None or profile is True:
         device = resolve_device(options.device if options is not None else None)
         profile, warnings = cached_profile(device, options.threads if options is not None else None)
         report = dataclasses.replace(report, warnings=report.warnings + tuple(warnings)) if warnings else report
-    return apply_predictions(report, profile) if profile is not None else report
+    return (apply_predictions(report, profile), profile) if profile is not None else (report, None)
 
 
 # --- building the report from the annotated graph ----------------------------------------------------

@@ -108,7 +108,12 @@ def _defaults_not_given(model: nn.Module, call: Call) -> dict[str, Any] | None:
 
 
 def trace_export(model: nn.Module, call: Call) -> torch.fx.GraphModule:
-    """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack.
+    """torch.export (non-strict) on fake tensors; the unlifted module keeps nn_module_stack."""
+    return export_program(model, call).module()
+
+
+def export_program(model: nn.Module, call: Call) -> torch.export.ExportedProgram:
+    """``torch.export.export(model, ..., strict=False)`` with forward's output flattened.
 
     Whatever forward returns (a Hugging Face ``DynamicCache`` inside a ``ModelOutput``, any
     object holding tensors) is flattened to a tuple of its tensors: export only accepts outputs
@@ -122,10 +127,9 @@ def trace_export(model: nn.Module, call: Call) -> torch.fx.GraphModule:
 
     model.forward = flat_forward  # on this instance only: export still sees the same module tree
     try:
-        ep = torch.export.export(model, call.args, call.kwargs, strict=False)
+        return torch.export.export(model, call.args, call.kwargs, strict=False)
     finally:
         del model.forward
-    return ep.module()
 
 
 class CostInterpreter(torch.fx.Interpreter):

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from typing import Annotated, Optional
 
 import typer
 
-from .errors import ArchscanError, DeviceError
+from .errors import ArchscanError, DeviceError, VerifyError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="archscan: why a PyTorch model is slow, and what to change.\n\n"
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
-_SUBCOMMANDS = {"scan", "zoo", "calibrate", "guidelines"}
+_SUBCOMMANDS = {"scan", "fuse", "zoo", "calibrate", "guidelines"}
 
 
 @app.command("scan")
@@ -101,6 +102,58 @@ def scan_cmd(
     if fail_on is not None and worst is not None and SEVERITIES.index(worst) >= SEVERITIES.index(fail_on):
         typer.echo(f"archscan: {worst} findings at or above --fail-on {fail_on}", err=True)
         raise typer.Exit(1)
+
+
+@app.command("fuse")
+def fuse_cmd(
+    model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory, zoo:name or a .pt2 file")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224; repeat for several inputs (zoo models have a default)")] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to save the fused program (.pt2); default NAME-fused.pt2 here")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", "-w", help="a state_dict (torch.save, or .safetensors); without it, random weights with random batch-norm statistics")] = None,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fuse and check in this dtype: float32, bfloat16, float16")] = None,
+    attention: Annotated[bool, typer.Option("--attention/--no-attention", help="rewrite hand-written attention to scaled_dot_product_attention")] = True,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", min=0, help="relative tolerance of the check (default by dtype: 1e-4 for float32)")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", min=0, help="absolute tolerance of the check (default by dtype: 1e-6 for float32)")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="time the original and the fused model end to end")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N] (default: cuda when available)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.fuse/1)")] = False,
+) -> None:
+    """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
+    if device is not None and not measure:
+        raise ArchscanError("--device only applies to a measurement", hint="add --measure")
+    from .api import input_specs, model_dtype
+    from .loading import parse_input_spec, parse_kwargs, resolve_target
+    from .measure import MeasureOptions, check_options
+    from .transform import default_path, fuse
+
+    model_type = model_dtype(dtype)
+    specs = [parse_input_spec(s) for s in input or []]
+    constructor_kwargs = parse_kwargs(kwargs)
+    where = check_options(MeasureOptions(device=device))[0] if measure else None
+    if weights is not None and not os.path.isfile(weights):
+        raise ArchscanError(f"no such weights file: {weights}", hint="give a state_dict saved with torch.save(model.state_dict(), path)")
+    with _model_output(as_json):
+        target = resolve_target(model)
+        specs = specs or [parse_input_spec(s) for s in target.default_inputs]
+        if not specs:
+            raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
+        path = output or default_path(model)
+        failed = None
+        with _status("fusing"):
+            try:
+                result = fuse(target, input_specs(specs, model_type), kwargs=constructor_kwargs, dtype=model_type,
+                              weights=weights, path=path, attention=attention, rtol=rtol, atol=atol, device=where)
+            except VerifyError as exc:  # what was done is shown; nothing was saved
+                result, failed = exc.result, exc
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        from .report.fuse import fuse_text
+
+        typer.echo(fuse_text(result))
+    if failed is not None:
+        raise failed
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ class ArchscanError(Exception):
 
     The CLI prints `str(error)` as one line on stderr and exits with `exit_code`:
     2 bad usage or input, 3 the model's code failed or could not be captured, 4 a device
-    problem, 5 an internal error (1 is findings at ``--fail-on``, 130 an interrupt).
+    problem, 5 an internal error, 6 a transform that failed its check (1 is findings at
+    ``--fail-on``, 130 an interrupt).
     """
 
     exit_code = 2
@@ -43,3 +44,13 @@ class InternalError(ArchscanError):
     """A failure inside archscan itself: a bug to report."""
 
     exit_code = 5
+
+
+class VerifyError(ArchscanError):
+    """A transformed model's outputs differ from the original's beyond the tolerance: not saved.
+
+    ``result`` holds what the transform did and measured.
+    """
+
+    exit_code = 6
+    result = None

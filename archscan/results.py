@@ -104,6 +104,26 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """One concrete change, what it saves and how to apply it (see ``archscan.recommend``)."""
+
+    kind: str                        # fuse, sdpa, compile, low-precision, channels-last, ...
+    target: tuple[str, ...]          # module paths it changes ('' is the whole model)
+    reason: str
+    estimated_saving: dict           # ms?, mac_bytes, flops, params, kernels
+    basis: str                       # measured | predicted | mac
+    apply: str                       # the archscan command or Python call that applies it
+    findings: tuple[dict, ...] = ()  # {"rule", "module"} of the findings it answers
+    verified: bool | None = None     # applied to the real model and checked against it
+    measured_saving: dict | None = None
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["target"], out["findings"] = list(self.target), list(self.findings)
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything archscan knows about one model at one input."""
 
@@ -118,7 +138,7 @@ class Report:
     capture_notes: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = ()
     latency: dict | None = None
-    recommendations: tuple[dict, ...] = ()
+    recommendations: tuple[Recommendation, ...] = ()
     unused_param_names: tuple[str, ...] = ()
     host_constants: tuple[dict, ...] = ()   # tensors built on the host in forward (fx constants)
     host_syncs: tuple[dict, ...] = ()       # {op, source, count}: .tolist()/.item()/bool() the graph does not show
@@ -156,7 +176,7 @@ class Report:
             "modules": [_drop_none(asdict(m)) for m in self.modules],
             "uncounted": dict(self.uncounted),
             "findings": [asdict(f) for f in self.findings],
-            "recommendations": list(self.recommendations),
+            "recommendations": [r.to_json() for r in self.recommendations],
             "warnings": list(self.warnings),
         }
         if self.latency is not None:

@@ -223,7 +223,39 @@ def render_text(report: Report, depth: int = 2, per_node: bool = False, findings
     parts = [table, "", *_hang(totals_lines(report) + latency_lines(report), width)]
     if findings:
         parts += ["", findings_table(report, width=width)]
+    if findings and report.recommendations:
+        parts += ["", *recommendation_lines(report, width=width)]
     return "\n".join(parts)
+
+
+_BASIS = {"measured": "measured", "predicted": "roofline prediction", "mac": "bytes moved; no time estimate"}
+
+
+def fmt_recommendation_saving(saving: dict) -> str:
+    """{'ms': 1.2, 'mac_bytes': ..., 'kernels': 20} -> '1.200 ms, 19 MiB, 20 kernels'."""
+    parts = [f"{saving['ms']:.3f} ms"] if saving.get("ms") else []
+    if saving.get("mac_bytes"):
+        parts.append(fmt_bytes(saving["mac_bytes"]))
+    for key in ("kernels", "params", "flops"):
+        if saving.get(key):
+            parts.append(f"{fmt_count(saving[key])} {key}")
+    return ", ".join(parts) or "not estimated"
+
+
+def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WIDTH) -> list[str]:
+    """The top ``limit`` recommendations, numbered: kind, saving and basis, reason, the command that applies it."""
+    recs = report.recommendations
+    head = f"recommendations (top {min(limit, len(recs))} of {len(recs)}, by time saved, else bytes"
+    head += "; --json lists all)" if len(recs) > limit else ")"
+    lines = [head]
+    for i, r in enumerate(recs[:limit], 1):
+        saving = fmt_recommendation_saving(r.estimated_saving)
+        basis = _BASIS.get(r.basis, r.basis)
+        verified = "; verified" if r.verified else ""
+        body = _wrap_prose(f"{r.kind}: saves {saving} ({basis}{verified}). {r.reason}", width - 3)
+        lines += [f"{i}. {body[0]}"] + ["   " + line for line in body[1:]]
+        lines += ["   " + line for line in _wrap_prose(f"apply: {r.apply}", width - 3)]
+    return lines
 
 
 # --- fitting the tables to a width -----------------------------------------------------------------

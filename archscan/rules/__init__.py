@@ -46,9 +46,9 @@ def select_rules(only: Iterable[str] | None = None, skip: Iterable[str] | None =
     return [r for r in (only or RULES) if r not in skip]
 
 
-def run_rules(report: Report, rules: Iterable[str] | None = None) -> Report:
+def run_rules(report: Report, rules: Iterable[str] | None = None, ctx: RuleContext | None = None) -> Report:
     """The report with ``findings`` filled in (most bytes saved first, within severity)."""
-    ctx = RuleContext(report)
+    ctx = ctx or RuleContext(report)
     findings: list[Finding] = []
     for rule_id in (list(rules) if rules is not None else list(RULES)):
         findings.extend(RULES[rule_id](ctx))

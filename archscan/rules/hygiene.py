@@ -15,8 +15,9 @@ def _where(nodes: list[NodeReport]) -> str:
     return first if len(nodes) == 1 else f"{first} (+{len(nodes) - 1})"
 
 
-def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
-    """Conv/linear whose only user is a batch norm: fold the norm into the weights for inference."""
+def conv_bn_pairs(ctx: RuleContext) -> list[tuple[NodeReport, NodeReport, NodeReport | None]]:
+    """(conv or linear, batch norm, activation after it or None) for every batch norm that reads a
+    conv/linear output nothing else reads: the norms ``archscan fuse`` folds."""
     g, pairs = ctx.graph, []
     for n in ctx.report.nodes:
         is_batch_norm = "BatchNorm" in n.module_type or any("batch_norm" in op for op in n.aten_ops)
@@ -29,6 +30,12 @@ def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
             users = list(g.successors(n.name))
             act = g.nodes[users[0]]["node"] if len(users) == 1 else None
             pairs.append((src, n, act if act is not None and act.category == "activation" else None))
+    return pairs
+
+
+def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
+    """Conv/linear whose only user is a batch norm: fold the norm into the weights for inference."""
+    pairs = conv_bn_pairs(ctx)
     if not pairs:
         return []
     saved = sum(bn.mac_bytes for _, bn, _ in pairs)
@@ -40,8 +47,8 @@ def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
         evidence={"pairs": [{"conv": c.name, "norm": b.name, "activation": a.name if a else None}
                             for c, b, a in pairs[:_SHOW]], "count": len(pairs)},
         saving={"mac_bytes": saved, "kernels": len(pairs), "params": sum(b.params for _, b, _ in pairs)},
-        fix="fold BN into the conv weights: torch.fx.experimental.optimization.fuse(model) or "
-            "torch.ao.quantization.fuse_modules(model.eval(), [[conv, bn, relu], ...])",
+        fix="fold BN into the conv weights: `archscan fuse` writes the folded model as a .pt2 "
+            "(torch.nn.utils.fusion.fuse_conv_bn_eval does one pair)",
         source=pairs[0][1].source,
     )]
 
@@ -157,8 +164,9 @@ def check_unused_module(ctx: RuleContext) -> list[Finding]:
     return findings
 
 
-def check_inplace(ctx: RuleContext) -> list[Finding]:
-    """Chains of out-of-place element-wise ops: each writes a tensor the next reads once."""
+def elementwise_links(ctx: RuleContext) -> list[tuple[NodeReport, NodeReport]]:
+    """(producer, consumer) pairs of out-of-place element-wise ops where the consumer is the only
+    reader of the producer's output: a temporary a fused kernel would never write."""
     g, links = ctx.graph, []
     elementwise = ("elementwise", "activation", "norm")
     for n in ctx.report.nodes:
@@ -171,6 +179,12 @@ def check_inplace(ctx: RuleContext) -> list[Finding]:
             if src.category in elementwise and g.out_degree(src_name) == 1:
                 links.append((src, n))
                 break
+    return links
+
+
+def check_inplace(ctx: RuleContext) -> list[Finding]:
+    """Chains of out-of-place element-wise ops: each writes a tensor the next reads once."""
+    links = elementwise_links(ctx)
     if not links:
         return []
     saved = sum(2 * src.write_bytes for src, _ in links)

@@ -1,0 +1,279 @@
+"""Recommendations: the concrete changes that answer the findings, ranked by the time they save.
+
+Findings are the diagnosis; a recommendation is one change (fold every conv-bn pair, rewrite the
+attention, compile, ...) with what it saves, how that was estimated, and the command or Python
+call that applies it. Several findings that one change answers make one recommendation.
+
+Savings (``estimated_saving``): ``mac_bytes`` moved, ``flops`` (multiply-adds), ``params``,
+``kernels`` launched, and ``ms`` when a time can be given:
+
+- ``measured``: the measured latency of the nodes the change removes (``--measure``);
+- ``predicted``: the calibrated roofline of the device (``archscan calibrate``): the removed
+  nodes' predicted time, or the bytes saved over the op class's bandwidth plus the kernels saved
+  times its per-call overhead;
+- ``mac``: no time; bytes moved only.
+
+Ranking: the time saved where there is one (measured or predicted), then the bytes saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Callable
+
+from ..measure.predict import kernels
+from ..results import NodeReport, Recommendation, Report
+from ..rules.context import RuleContext, dtype_size
+from ..rules.hygiene import conv_bn_pairs, elementwise_links
+from .attention import attention_patterns
+
+Recommender = Callable[["Context"], list[Recommendation]]
+
+
+@dataclasses.dataclass
+class Context:
+    """What every recommender sees."""
+
+    report: Report          # with its findings
+    rules: RuleContext      # the node graph (built once for the rules and reused)
+    profile: object | None  # a DeviceProfile, when one predicts latency
+    command: str            # how to name the model and inputs on the command line ('' for a Python object)
+
+    def cited(self, *rules: str) -> tuple[dict, ...]:
+        """The findings of these rules, as {"rule", "module"} references."""
+        return tuple({"rule": f.rule, "module": f.module} for f in self.report.findings if f.rule in rules)
+
+    def fuse_command(self) -> str:
+        """The command that folds batch norms and rewrites attention for this model."""
+        if not self.command:
+            return "archscan.fuse(model, inputs, path='model-fused.pt2')"
+        from ..transform.fuse import default_path
+
+        return f"archscan fuse {self.command} -o {default_path(self.report.model)}"
+
+    def scan_command(self, flags: str) -> str:
+        """The scan of this model with ``flags`` added."""
+        return f"archscan {self.command} {flags}" if self.command else "archscan.scan(model, inputs, measure=True)"
+
+    def measured(self, nodes: list[NodeReport]) -> float | None:
+        times = [n.latency_ms for n in nodes]
+        return sum(times) if times and all(t is not None for t in times) else None
+
+    def saving(self, removed: list[NodeReport], *, mac_bytes: int, kernels_saved: int, flops: int = 0,
+               params: int = 0, category: str = "elementwise", whole_nodes: bool = True) -> tuple[dict, str]:
+        """(estimated_saving, basis). ``whole_nodes``: ``removed`` disappear entirely (their measured
+        or predicted time is the saving); otherwise only ``mac_bytes`` and ``kernels_saved`` do."""
+        saving = {"mac_bytes": int(mac_bytes), "flops": int(flops), "params": int(params), "kernels": int(kernels_saved)}
+        if whole_nodes and removed and (ms := self.measured(removed)) is not None:
+            return {"ms": ms, **saving}, "measured"
+        if self.profile is not None:
+            if whole_nodes and removed and all(n.predicted_ms is not None for n in removed):
+                ms = sum(n.predicted_ms for n in removed)
+            else:
+                ms = mac_bytes / self.profile.bandwidth_for(category) * 1e3 + kernels_saved * self.profile.overhead_for(category)
+            return {"ms": ms, **saving}, "predicted"
+        return saving, "mac"
+
+
+def _where(nodes: list[NodeReport]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n.module or n.name for n in nodes))
+
+
+def _fuse(ctx: Context) -> list[Recommendation]:
+    pairs = conv_bn_pairs(ctx.rules)
+    if not pairs:
+        return []
+    norms = [bn for _, bn, _ in pairs]
+    added = [(layer, _channels(layer)) for layer, _, _ in pairs if not _has_bias(layer)]
+    added_bias = sum(c for _, c in added)
+    bias_bytes = sum(c * dtype_size(layer.dtype) for layer, c in added)  # the new biases are read
+    saving, basis = ctx.saving(norms, mac_bytes=sum(n.mac_bytes for n in norms) - bias_bytes,
+                               kernels_saved=sum(map(kernels, norms)),
+                               params=sum(n.params for n in norms) - added_bias, category="norm")
+    with_act = sum(1 for *_, act in pairs if act is not None)
+    return [Recommendation(
+        kind="fuse", target=_where(norms),
+        reason=f"fold {len(pairs)} batch norm(s) into the conv/linear before them: {len(norms)} fewer kernels, "
+               f"their reads and writes gone" + (f" ({with_act} activations after them stay separate ops)" if with_act else ""),
+        estimated_saving=saving, basis=basis, apply=ctx.fuse_command(), findings=ctx.cited("fuse-conv-bn"),
+    )]
+
+
+def _channels(layer: NodeReport) -> int:
+    return int(layer.attrs.get("out_channels", layer.attrs.get("out_features", 0)))
+
+
+def _has_bias(layer: NodeReport) -> bool:
+    """Does the layer have a bias (then folding adds no parameters)? Its params exceed its weight's."""
+    a = layer.attrs
+    if "out_features" in a:
+        weight = a["in_features"] * a["out_features"]
+    elif "kernel" in a:
+        weight = a["out_channels"] * a["in_channels"] // max(1, a.get("groups", 1))
+        for k in a["kernel"]:
+            weight *= k
+    else:
+        return True
+    return layer.params > weight
+
+
+def _sdpa(ctx: Context) -> list[Recommendation]:
+    patterns = attention_patterns(ctx.rules)
+    if not patterns:
+        return []
+    removed = [n for p in patterns for n in p.elementwise]
+    saving, basis = ctx.saving(removed, mac_bytes=sum(p.mac_bytes for p in patterns),
+                               kernels_saved=sum(p.kernels_saved for p in patterns), category="elementwise")
+    largest = max(patterns, key=lambda p: p.scores_bytes)
+    return [Recommendation(
+        kind="sdpa", target=tuple(dict.fromkeys(p.module for p in patterns)),
+        reason=f"{len(patterns)} hand-written attention(s) write and re-read the {largest.scores_shape} score matrix "
+               f"{largest.round_trips} times: F.scaled_dot_product_attention never stores it",
+        estimated_saving=saving, basis=basis,
+        apply=ctx.fuse_command() + "  (or call F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=...))",
+        findings=ctx.cited("G4"),
+    )]
+
+
+def _compile(ctx: Context) -> list[Recommendation]:
+    folded = {bn.name for _, bn, _ in conv_bn_pairs(ctx.rules)}
+    links = [(a, b) for a, b in elementwise_links(ctx.rules) if a.name not in folded and b.name not in folded]
+    if not links:
+        return []
+    consumers = list({b.name: b for _, b in links}.values())
+    saved = sum(2 * a.write_bytes for a, _ in links)
+    saving, basis = ctx.saving(consumers, mac_bytes=saved, kernels_saved=len(consumers), category="elementwise",
+                               whole_nodes=False)
+    return [Recommendation(
+        kind="compile", target=_where(consumers),
+        reason=f"{len(links)} element-wise op(s) read a temporary only they read: torch.compile fuses each chain "
+               "into one kernel that never writes it",
+        estimated_saving=saving, basis=basis, apply="model = torch.compile(model)",
+        findings=ctx.cited("G4", "inplace"),
+    )]
+
+
+def _low_precision(ctx: Context) -> list[Recommendation]:
+    found = [f for f in ctx.report.findings if f.rule == "low-precision"]
+    if not found:
+        return []
+    nodes = [n for n in ctx.report.nodes if n.dtype == "float32" and n.category in
+             ("conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "attention")]
+    saved_bytes = sum(n.mac_bytes for n in nodes) // 2
+    saving = {"mac_bytes": saved_bytes, "flops": 0, "params": 0, "kernels": 0}
+    basis = "mac"
+    if ctx.profile is not None and nodes:
+        from ..measure.predict import _as_run, predict_node
+
+        before = sum(predict_node(n, ctx.profile)[0] for n in nodes)
+        after = sum(predict_node(_as_run(n, "bf16"), ctx.profile)[0] for n in nodes)
+        saving, basis = {"ms": max(0.0, before - after), **saving}, "predicted"
+    return [Recommendation(
+        kind="low-precision", target=("",),
+        reason=f"run the conv/linear/matmul work in bfloat16: {len(nodes)} layers move half the bytes "
+               "(and use tensor cores on a GPU)",
+        estimated_saving=saving, basis=basis,
+        apply="with torch.autocast('cuda', dtype=torch.bfloat16): model(x)   "
+              f"(measure it: {ctx.scan_command('--measure --amp bf16')})",
+        findings=ctx.cited("low-precision"),
+    )]
+
+
+def _channels_last(ctx: Context) -> list[Recommendation]:
+    found = [f for f in ctx.report.findings if f.rule == "channels-last"]
+    if not found:
+        return []
+    f = found[0]
+    saving: dict = {"mac_bytes": 0, "flops": 0, "params": 0, "kernels": 0}
+    basis = "mac"
+    if "latency_ms" in f.saving:
+        saving, basis = {"ms": f.saving["latency_ms"], **saving}, "measured"
+    return [Recommendation(
+        kind="channels-last", target=("",),
+        reason=f.message if basis == "measured" else f"{f.message}; not measured here",
+        estimated_saving=saving, basis=basis,
+        apply="model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)"
+              + ("" if basis == "measured" else f"   (measure it: {ctx.scan_command('--measure --sweep')})"),
+        findings=ctx.cited("channels-last"),
+    )]
+
+
+def _from_finding(rule: str, kind: str, apply: str, ms_key: str | None = None) -> Recommender:
+    """A recommendation per finding of ``rule``, saving what the finding says it saves."""
+
+    def recommend(ctx: Context) -> list[Recommendation]:
+        out = []
+        by_name = {n.name: n for n in ctx.report.nodes}
+        for f in ctx.report.findings:
+            if f.rule != rule:
+                continue
+            nodes = [by_name[name] for name in f.evidence.get("nodes", []) if name in by_name]
+            saving = {"mac_bytes": int(f.saving.get("mac_bytes", 0)), "flops": 0,
+                      "params": int(f.saving.get("params", 0)), "kernels": len(nodes)}
+            basis, ms = "mac", None
+            if ms_key is not None and ms_key in f.saving:
+                basis, ms = "measured", float(f.saving[ms_key])
+            elif nodes and (measured := ctx.measured(nodes)) is not None:
+                basis, ms = "measured", measured
+            out.append(Recommendation(
+                kind=kind, target=(f.module,), reason=f.message, estimated_saving=({"ms": ms} if ms is not None else {}) | saving,
+                basis=basis, apply=f.fix if apply == "fix" else apply, findings=({"rule": f.rule, "module": f.module},),
+            ))
+        return out
+
+    return recommend
+
+
+# Rules are data: one table of recommenders, run in this order (the ranking decides what is shown first).
+RECOMMENDERS: dict[str, Recommender] = {
+    "fuse": _fuse,
+    "sdpa": _sdpa,
+    "compile": _compile,
+    "low-precision": _low_precision,
+    "channels-last": _channels_last,
+    "host-sync": _from_finding("host-sync", "host-sync", "fix"),
+    "host-tensor": _from_finding("host-tensor", "buffer", "fix"),
+    "remove-unused": _from_finding("unused-module", "remove-unused", "fix"),
+    "pin-memory": _from_finding("input-transfer", "pin-memory", "fix", ms_key="latency_ms"),
+    "align": _from_finding("channel-align", "align", "fix"),
+    "eval": _from_finding("no-grad", "eval", "fix"),
+}
+
+
+def _rank_key(r: Recommendation) -> tuple:
+    ms = r.estimated_saving.get("ms")
+    return (ms is None, -(ms or 0.0), -r.estimated_saving.get("mac_bytes", 0), -r.estimated_saving.get("kernels", 0))
+
+
+def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None) -> Report:
+    """The report with ``recommendations`` filled in, best first.
+
+    Args:
+        profile: the ``DeviceProfile`` that predicted latency, if any.
+        command: the model and inputs as ``archscan`` takes them ('zoo:resnet50 --input 1,3,224,224');
+            None derives it from the report (a Python object gets Python calls instead).
+    """
+    ctx = Context(report, rules or RuleContext(report), profile, command if command is not None else command_of(report))
+    recs = [r for recommender in RECOMMENDERS.values() for r in recommender(ctx)]
+    recs.sort(key=_rank_key)
+    return dataclasses.replace(report, recommendations=tuple(recs))
+
+
+def command_of(report: Report) -> str:
+    """'MODEL --input ...' for a report whose model is a command-line target, else ''."""
+    model = report.model
+    if ":" not in model and not model.endswith(".pt2"):
+        return ""
+    parts = [shlex.quote(model)]
+    for spec in report.inputs:
+        text = ",".join(map(str, spec["shape"]))
+        if spec["dtype"] != "float32" and spec["dtype"] != report.dtype:
+            text += f":{spec['dtype']}"
+        parts += ["--input", (spec["name"] + "=" if spec.get("name") else "") + text]
+    if report.dtype != "float32":
+        parts += ["--dtype", report.dtype]
+    return " ".join(parts)
+
+
+__all__ = ["RECOMMENDERS", "Recommendation", "recommend", "command_of"]

@@ -1,0 +1,193 @@
+"""Rewrite hand-written attention to ``F.scaled_dot_product_attention`` where it provably matches.
+
+The pattern, on the aten graph ``torch.export`` gives::
+
+    s = q @ k.transpose(-2, -1)      # q may be scaled first: (q * c) @ k.T
+    s = s * scale  (or s / d)        # optional; a Python number, not a tensor
+    s = s + mask                     # optional additive mask (or masked_fill(bool, -inf))
+    p = softmax(s, dim=-1)           # in the input dtype (a float32 softmax of float32 scores)
+    p = dropout(p, p, train=False)   # optional, and only when inactive
+    o = p @ v
+
+becomes ``o = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=c * scale)``: the
+scores are never written to memory (flash / memory-efficient kernels). It is rewritten only when
+every intermediate has no other reader (attention weights that are returned or stored stay),
+q, k and v have equal ranks and batch dimensions, and the scale is a constant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from .fold import module_path
+
+aten = torch.ops.aten
+
+_MATMULS = {aten.matmul.default, aten.bmm.default}
+_SOFTMAXES = {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One attention pattern replaced."""
+
+    module: str
+    masked: bool
+    scale: float
+    nodes_removed: int
+
+
+def _val(node) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _op(node, *targets) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _only_user(node: torch.fx.Node, user: torch.fx.Node) -> bool:
+    return list(node.users) == [user]
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _scale_of(node: torch.fx.Node) -> tuple[torch.fx.Node, float] | None:
+    """(input, factor) when ``node`` multiplies or divides a tensor by a constant number."""
+    if _op(node, aten.mul.Tensor, aten.mul.Scalar):
+        a, b = node.args[:2]
+        if _number(b) is not None and isinstance(a, torch.fx.Node):
+            return a, _number(b)
+        if _number(a) is not None and isinstance(b, torch.fx.Node):
+            return b, _number(a)
+    if _op(node, aten.div.Tensor, aten.div.Scalar) and not node.kwargs.get("rounding_mode"):
+        a, b = node.args[:2]
+        if _number(b) not in (None, 0.0) and isinstance(a, torch.fx.Node):
+            return a, 1.0 / _number(b)
+    return None
+
+
+def _transposed_last(node) -> torch.fx.Node | None:
+    """k when ``node`` is k with its last two dims swapped."""
+    if _op(node, aten.transpose.int):
+        k, d0, d1 = node.args[:3]
+        rank = _val(k).dim() if _val(k) is not None else None
+        if rank is not None and {d0 % rank, d1 % rank} == {rank - 2, rank - 1}:
+            return k
+    if _op(node, aten.permute.default):
+        k, dims = node.args[:2]
+        rank = len(dims)
+        want = list(range(rank - 2)) + [rank - 1, rank - 2]
+        if [d % rank for d in dims] == want:
+            return k
+    if _op(node, aten.t.default, aten.numpy_T.default):
+        return node.args[0] if _val(node.args[0]) is not None and _val(node.args[0]).dim() == 2 else None
+    return None
+
+
+def _match(sm: torch.fx.Node):
+    """The pattern around softmax node ``sm``: (q, k, v, mask, mask_is_bool, scale, chain, out) or None."""
+    x, dim = sm.args[0], sm.args[1]
+    vx = _val(x)
+    if vx is None or not vx.is_floating_point() or dim % vx.dim() != vx.dim() - 1:
+        return None
+    if sm.target is aten._softmax.default and sm.args[2]:
+        return None  # half_to_float: the probabilities change dtype
+    if sm.target is aten.softmax.int and len(sm.args) > 2 and sm.args[2] not in (None, vx.dtype):
+        return None
+    chain = [sm]
+    # forward: optional inactive dropout / same-dtype casts, then p @ v
+    p = sm
+    while True:
+        users = list(p.users)
+        if len(users) != 1:
+            return None
+        u = users[0]
+        if _op(u, aten.dropout.default) and (not u.args[2] or u.args[1] == 0):
+            chain.append(u)
+            p = u
+            continue
+        if _op(u, aten.to.dtype, aten._to_copy.default) and _val(u) is not None and _val(u).dtype == vx.dtype:
+            chain.append(u)
+            p = u
+            continue
+        break
+    out = u
+    if not _op(out, *_MATMULS) or out.args[0] is not p:
+        return None
+    v = out.args[1]
+    # backward: optional mask, optional scale, then q @ k^T; each feeds only the node after it
+    s, head, mask, mask_bool, scale = x, sm, None, False, 1.0
+    if _op(s, aten.add.Tensor) and len(s.args) == 2 and s.kwargs.get("alpha", 1) == 1:
+        a, b = s.args
+        if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):
+            return None
+        scores, mask = (a, b) if _op(a, *_MATMULS, aten.mul.Tensor, aten.div.Tensor) else (b, a)
+        chain.append(s)
+        head, s = s, scores
+    elif _op(s, aten.masked_fill.Scalar) and s.args[2] == -math.inf:
+        chain.append(s)
+        head, s, mask, mask_bool = s, s.args[0], s.args[1], True
+    if head is not sm and not _only_user(head, sm):
+        return None
+    scaled = _scale_of(s)
+    if scaled is not None:
+        if not _only_user(s, head):
+            return None
+        chain.append(s)
+        head, s, scale = s, scaled[0], scaled[1]
+    mm = s
+    if not (_op(mm, *_MATMULS) and _only_user(mm, head)):
+        return None
+    q, kt = mm.args[:2]
+    k = _transposed_last(kt)
+    if k is None or not _only_user(kt, mm):
+        return None
+    chain += [mm, kt]
+    q_scaled = _scale_of(q)
+    if q_scaled is not None and list(q.users) == [mm]:
+        chain.append(q)
+        q, scale = q_scaled[0], scale * q_scaled[1]
+    vq, vk, vv = _val(q), _val(k), _val(v)
+    if vq is None or vk is None or vv is None or not (vq.dim() == vk.dim() == vv.dim() >= 3):
+        return None
+    if vq.shape[:-2] != vk.shape[:-2] or vk.shape[:-2] != vv.shape[:-2] or vq.shape[-1] != vk.shape[-1] \
+            or vk.shape[-2] != vv.shape[-2] or not (vq.dtype == vk.dtype == vv.dtype == vx.dtype):
+        return None
+    vm = _val(mask) if mask is not None else None
+    if mask is not None and (vm is None or (mask_bool and vm.dtype != torch.bool)
+                             or (not mask_bool and vm.dtype not in (vq.dtype, torch.bool)) or vm.dim() > vq.dim()):
+        return None
+    if mask is not None and not mask_bool and vm.dtype == torch.bool:
+        return None  # adding a bool tensor is not a mask SDPA reads the same way
+    return q, k, v, mask, mask_bool, scale, chain, out
+
+
+def rewrite_attention(gm: torch.fx.GraphModule) -> tuple[Rewrite, ...]:
+    """Replace every matching hand-written attention in ``gm`` (in place) with one SDPA call."""
+    done: list[Rewrite] = []
+    while True:  # one at a time: a rewrite replaces nodes a later pattern may read
+        found = next((m for m in map(_match, [n for n in gm.graph.nodes if _op(n, *_SOFTMAXES)]) if m), None)
+        if found is None:
+            break
+        q, k, v, mask, mask_bool, scale, chain, out = found
+        g = gm.graph
+        with g.inserting_before(out):
+            if mask is not None and mask_bool:
+                mask = g.call_function(aten.logical_not.default, (mask,))  # masked_fill(m, -inf) keeps ~m
+            sdpa = g.call_function(aten.scaled_dot_product_attention.default, (q, k, v),
+                                   {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False, "scale": scale})
+        sdpa.meta.update({k_: v_ for k_, v_ in out.meta.items() if k_ in ("nn_module_stack", "stack_trace", "val")})
+        out.replace_all_uses_with(sdpa)
+        before = len(g.nodes)
+        g.eliminate_dead_code()  # the chain, now unread
+        done.append(Rewrite(module_path(sdpa), mask is not None, scale, before - len(g.nodes)))
+    if done:
+        gm.recompile()
+    return tuple(done)
