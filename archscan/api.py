@@ -124,6 +124,40 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         raise exit_error(exc, "running the model", target.source_file) from None
 
 
+def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike, *,
+         path: str | None = None, weights: str | None = None, kwargs: dict | None = None,
+         dtype: torch.dtype | str | None = None, attention: bool = True, rtol: float | None = None,
+         atol: float | None = None, measure: MeasureOptions | bool | None = None):
+    """Fold batch norms into the layers before them and rewrite hand-written attention to SDPA,
+    check the result against the original on random inputs, and save it with ``torch.export``.
+
+    Args:
+        model, inputs, kwargs, dtype: as for ``scan``.
+        path: where to write the ``.pt2`` (``torch.export.load(path).module()`` runs it); None saves nothing.
+        weights: a state_dict file (``torch.load(weights_only=True)``, or ``.safetensors``); None uses
+            random weights with random batch-norm statistics.
+        attention: rewrite hand-written attention too.
+        rtol, atol: the check's tolerance (default by dtype, ``archscan.transform.verify.TOLERANCES``).
+        measure: also time the original and the fused model (``True`` or ``MeasureOptions`` for the device).
+
+    Returns:
+        ``archscan.transform.FuseResult``.
+
+    Raises:
+        VerifyError: the outputs differ beyond the tolerance; nothing is saved (``error.result`` tells).
+    """
+    from .transform import fuse as _fuse
+
+    dtype = model_dtype(dtype)
+    specs = input_specs(inputs, dtype)
+    options = MeasureOptions() if measure is True else measure or None
+    device = check_options(options)[0] if options is not None else None
+    target = to_target(model)
+    with seeded_rng():
+        return _fuse(target, specs, kwargs=kwargs, dtype=dtype, weights=weights, path=path, attention=attention,
+                     rtol=rtol, atol=atol, device=device)
+
+
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
     captured = capture(target, specs, kwargs, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
@@ -134,7 +168,33 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
                              selected, None, advise)
         raise
-    return _advise(report, selected, profile, advise)  # last: some rules read measurements
+    report = _advise(report, selected, profile, advise)  # last: some rules read measurements
+    return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
+
+
+def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Report:
+    """With a measurement, apply the fuse/sdpa recommendations to the real model: checked against
+    the original (``verified``) and timed before and after on the device (``measured_saving``)."""
+    kinds = {"fuse", "sdpa"}
+    if not any(r.kind in kinds for r in report.recommendations):
+        return report
+    from .transform import fuse as _fuse
+
+    try:
+        result = _fuse(target, specs, kwargs=kwargs, dtype=dtype, device=check_options(options)[0])
+    except ArchscanError as exc:  # not exportable, or the check failed: the estimate stands, unverified
+        return dataclasses.replace(report, warnings=report.warnings + (f"the fusion could not be verified: {exc}",))
+    lat, before, after = result.latency or {}, result.before, result.after
+    saving = {"mac_bytes": before["mac_bytes"] - after["mac_bytes"], "kernels": before["kernels"] - after["kernels"],
+              "params": before["params"] - after["params"], "flops": before["flops"] - after["flops"]}
+    if lat.get("before_ms") is not None:
+        saving["ms"] = lat["before_ms"] - lat["after_ms"]
+        saving["device"] = lat["device"]
+    done = {"fuse": bool(result.folded), "sdpa": bool(result.attention)}
+    recs = tuple(dataclasses.replace(r, verified=result.check.passed and done[r.kind],
+                                     measured_saving={**saving, "applied_together": sorted(k for k in done if done[k])})
+                 if r.kind in kinds else r for r in report.recommendations)
+    return dataclasses.replace(report, recommendations=recs)
 
 
 def _advise(report: Report, selected: list[str], profile, advise: bool) -> Report:

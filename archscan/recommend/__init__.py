@@ -137,8 +137,10 @@ def _sdpa(ctx: Context) -> list[Recommendation]:
 
 
 def _compile(ctx: Context) -> list[Recommendation]:
-    folded = {bn.name for _, bn, _ in conv_bn_pairs(ctx.rules)}
-    links = [(a, b) for a, b in elementwise_links(ctx.rules) if a.name not in folded and b.name not in folded]
+    # what fuse already removes: folded norms, the ops inside hand-written attention
+    taken = {bn.name for _, bn, _ in conv_bn_pairs(ctx.rules)}
+    taken |= {n.name for p in attention_patterns(ctx.rules) for n in p.elementwise}
+    links = [(a, b) for a, b in elementwise_links(ctx.rules) if a.name not in taken and b.name not in taken]
     if not links:
         return []
     consumers = list({b.name: b for _, b in links}.values())
