@@ -21,7 +21,7 @@ _PASS_THROUGH = ("aten.dropout", "aten.native_dropout", "aten._to_copy", "aten.c
 class AttentionPattern:
     module: str
     first: NodeReport                 # q @ k^T
-    elementwise: tuple[NodeReport, ...]  # scale, mask, softmax, dropout: the kernels SDPA absorbs
+    elementwise: tuple[NodeReport, ...]  # scale, mask, softmax, dropout, casts: the ops SDPA absorbs
     last: NodeReport                  # p @ v
     scores_bytes: int
     scores_shape: str
@@ -37,7 +37,8 @@ class AttentionPattern:
 
     @property
     def kernels_saved(self) -> int:
-        return len(self.elementwise) + 1  # two matmuls and the ops between become one kernel
+        """Two matmuls and the kernels between them become one kernel."""
+        return sum(1 for n in self.elementwise if n.category != "view") + 1
 
 
 def _is_softmax(n: NodeReport) -> bool:
@@ -63,7 +64,8 @@ def attention_patterns(ctx: RuleContext) -> list[AttentionPattern]:
             if len(succ) != 1:
                 break
             nxt = node(succ[0])
-            if any(op.startswith(_PASS_THROUGH) for op in nxt.aten_ops) and nxt.out_shape == sm.out_shape:
+            passes = nxt.category == "view" or any(op.startswith(_PASS_THROUGH) for op in nxt.aten_ops)
+            if passes and nxt.out_shape == sm.out_shape:  # inactive dropout, same-dtype .to()
                 chain_after.append(nxt)
                 cur = nxt
                 continue

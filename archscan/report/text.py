@@ -239,7 +239,7 @@ def fmt_recommendation_saving(saving: dict) -> str:
     for key in ("kernels", "params", "flops"):
         if saving.get(key):
             parts.append(f"{fmt_count(saving[key])} {key}")
-    return ", ".join(parts) or "not estimated"
+    return ", ".join(parts)
 
 
 def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WIDTH) -> list[str]:
@@ -252,7 +252,8 @@ def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WI
         saving = fmt_recommendation_saving(r.estimated_saving)
         basis = _BASIS.get(r.basis, r.basis)
         verified = "; verified" if r.verified else ""
-        body = _wrap_prose(f"{r.kind}: saves {saving} ({basis}{verified}). {r.reason}", width - 3)
+        says = f"saves {saving} ({basis}{verified})" if saving else "saving not estimated"
+        body = _wrap_prose(f"{r.kind}: {says}. {r.reason}", width - 3)
         lines += [f"{i}. {body[0]}"] + ["   " + line for line in body[1:]]
         lines += ["   " + line for line in _wrap_prose(f"apply: {r.apply}", width - 3)]
     return lines

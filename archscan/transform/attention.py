@@ -50,8 +50,16 @@ def _op(node, *targets) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
+_CHECKS = {aten._assert_tensor_metadata.default} if hasattr(aten, "_assert_tensor_metadata") else set()
+
+
+def _users(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """Readers of ``node``'s value: export's metadata asserts (``.to()`` leaves one) do not count."""
+    return [u for u in node.users if u.target not in _CHECKS]
+
+
 def _only_user(node: torch.fx.Node, user: torch.fx.Node) -> bool:
-    return list(node.users) == [user]
+    return _users(node) == [user]
 
 
 def _number(x) -> float | None:
@@ -105,7 +113,7 @@ def _match(sm: torch.fx.Node):
     # forward: optional inactive dropout / same-dtype casts, then p @ v
     p = sm
     while True:
-        users = list(p.users)
+        users = _users(p)
         if len(users) != 1:
             return None
         u = users[0]
@@ -151,7 +159,7 @@ def _match(sm: torch.fx.Node):
         return None
     chain += [mm, kt]
     q_scaled = _scale_of(q)
-    if q_scaled is not None and list(q.users) == [mm]:
+    if q_scaled is not None and _users(q) == [mm]:
         chain.append(q)
         q, scale = q_scaled[0], scale * q_scaled[1]
     vq, vk, vv = _val(q), _val(k), _val(v)
@@ -185,6 +193,9 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> tuple[Rewrite, ...]:
                                    {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False, "scale": scale})
         sdpa.meta.update({k_: v_ for k_, v_ in out.meta.items() if k_ in ("nn_module_stack", "stack_trace", "val")})
         out.replace_all_uses_with(sdpa)
+        for n in [out, *chain]:  # the asserts on the removed values go with them
+            for u in [u for u in n.users if u.target in _CHECKS]:
+                g.erase_node(u)
         before = len(g.nodes)
         g.eliminate_dead_code()  # the chain, now unread
         done.append(Rewrite(module_path(sdpa), mask is not None, scale, before - len(g.nodes)))
