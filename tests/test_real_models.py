@@ -269,3 +269,21 @@ def test_an_exported_program_is_a_target(tmp_path, capsys):
     assert main([str(tmp_path / "bad.pt2")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not an exported program" in err
+
+
+@pytest.mark.parametrize("name, layers", [("gpt2", 2), ("llama", 2), ("bart", 6)])
+def test_hugging_face_eager_attention_is_recommended_and_rewritten_to_sdpa(name, layers):
+    factory = _hf_models()[name]
+
+    def eager():
+        model = factory()
+        model.config._attn_implementation = "eager"  # the hand-written softmax(q @ k^T) @ v path
+        return model
+
+    report = archscan.scan(eager, ["1,16:int64"])
+    rec = next(r for r in report.recommendations if r.kind == "sdpa")
+    assert len(rec.target) == layers  # bart: 2 encoder, 2 decoder self- and 2 cross-attentions
+    result = archscan.fuse(eager, ["1,16:int64"])
+    assert len(result.attention) == layers and result.check.passed
+    ops = {str(n.target) for n in result.program.graph.nodes}
+    assert "aten.scaled_dot_product_attention.default" in ops and "aten.softmax.int" not in ops

@@ -193,11 +193,13 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> tuple[Rewrite, ...]:
                                    {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False, "scale": scale})
         sdpa.meta.update({k_: v_ for k_, v_ in out.meta.items() if k_ in ("nn_module_stack", "stack_trace", "val")})
         out.replace_all_uses_with(sdpa)
-        for n in [out, *chain]:  # the asserts on the removed values go with them
-            for u in [u for u in n.users if u.target in _CHECKS]:
-                g.erase_node(u)
+        order = {n: i for i, n in enumerate(g.nodes)}
         before = len(g.nodes)
-        g.eliminate_dead_code()  # the chain, now unread
+        for n in sorted([out, *chain], key=order.__getitem__, reverse=True):  # readers before what they read
+            for u in [u for u in n.users if u.target in _CHECKS]:  # the asserts on the removed values go too
+                g.erase_node(u)
+            if not n.users:  # dropout counts as impure for dead-code elimination: erased by hand
+                g.erase_node(n)
         done.append(Rewrite(module_path(sdpa), mask is not None, scale, before - len(g.nodes)))
     if done:
         gm.recompile()
