@@ -389,7 +389,9 @@ def _notes(failures: dict[str, str]) -> list[str]:
 
 
 def _was_training(target: ModelTarget) -> bool:
-    return target.instance is not None and any(m.training for m in target.instance.modules())
+    """Was the module handed over in train mode? (An exported program's module always says it is:
+    its graph was traced in the mode the model had then.)"""
+    return target.instance is not None and not target.program and any(m.training for m in target.instance.modules())
 
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",

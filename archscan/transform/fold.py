@@ -38,6 +38,9 @@ _CONVS = {
     aten.conv1d.default: ("conv1d", 2, 6, False),
     aten.conv2d.default: ("conv2d", 2, 6, False),
     aten.conv3d.default: ("conv3d", 2, 6, False),
+    aten.conv1d.padding: ("conv1d", 2, 6, False),  # padding='same' / 'valid'
+    aten.conv2d.padding: ("conv2d", 2, 6, False),
+    aten.conv3d.padding: ("conv3d", 2, 6, False),
     _overload(aten.conv_transpose1d, "default", "input"): ("conv_transpose1d", 2, 6, True),
     _overload(aten.conv_transpose2d, "input", "default"): ("conv_transpose2d", 2, 6, True),
     _overload(aten.conv_transpose3d, "input", "default"): ("conv_transpose3d", 2, 6, True),
@@ -74,7 +77,8 @@ class FoldResult:
 def module_path(node: torch.fx.Node) -> str:
     """The module that ran ``node`` (export's ``nn_module_stack``), else the node's name."""
     stack = node.meta.get("nn_module_stack") or {}
-    return next(reversed(stack.values()))[0] if stack else node.name
+    path = next(reversed(stack.values()))[0] if stack else ""
+    return path or node.name  # a functional call in the root module's forward: the node
 
 
 def _bn_args(node: torch.fx.Node) -> tuple | None:

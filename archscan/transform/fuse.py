@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -87,7 +88,9 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
         output = _run(model, call, "the original model")
         reference = output_tensors(output)
         original = _export(model, call, output)
-        gm = copy.deepcopy(original.module())
+        with warnings.catch_warnings():  # the program's tree specs warn about their own deprecations
+            warnings.simplefilter("ignore", FutureWarning)
+            gm = copy.deepcopy(original.module())
         folds = fold_batch_norms(gm)
         rewrites = rewrite_attention(gm) if attention else ()
         fused = _export(gm, call, what="the fused graph")

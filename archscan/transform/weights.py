@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 
 import torch
 import torch.nn as nn
@@ -29,9 +30,10 @@ def _read(path: str) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ArchscanError(f"{path} holds more than tensors, and archscan loads weights only with "
-                            f"torch.load(weights_only=True): {first}",
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        what = f" (it holds a {found.group(1)})" if found else ""
+        raise ArchscanError(f"{path} holds Python objects besides tensors{what}, and archscan loads weights only "
+                            "with torch.load(weights_only=True), which refuses them",
                             hint="save the weights alone: torch.save(model.state_dict(), path)") from None
     except Exception as exc:
         raise ArchscanError(f"{path} could not be read by torch.load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
