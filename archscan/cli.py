@@ -150,8 +150,9 @@ def fuse_cmd(
         typer.echo(json.dumps(result.to_json(), indent=1))
     else:
         from .report.fuse import fuse_text
+        from .report.text import terminal_width
 
-        typer.echo(fuse_text(result))
+        typer.echo(fuse_text(result, width=terminal_width()))
     if failed is not None:
         raise failed
 

@@ -158,3 +158,23 @@ def time_stable(fn: Callable[[], object], clock: Clock, *, retries: int = RETRIE
         if not stats.unstable or stats.total_ms > 2 * budget_ms * scale:
             break
     return dataclasses.replace(best, rounds=done, total_ms=spent)
+
+
+def time_ab(fn_a: Callable[[], object], fn_b: Callable[[], object], clock: Clock, *, rounds: int = 8,
+            warmup: int = 5, repeats: int = 5) -> tuple[TimingStats, TimingStats]:
+    """Time two versions of one computation interleaved (A B B A A B ...), ``repeats`` calls of
+    each per round: drift of the machine (frequency, other processes) lands on both sides alike,
+    where timing all of A and then all of B would hand it to one of them."""
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    clock.sync()
+    samples: dict[int, list[float]] = {0: [], 1: []}
+    for r in range(rounds):
+        for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+            fn = fn_a if side == 0 else fn_b
+            for _ in range(repeats):
+                token = clock.start()
+                fn()
+                samples[side].append(clock.stop(token))
+    return summarize(samples[0]), summarize(samples[1])

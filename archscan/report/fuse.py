@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 
-from .text import fmt_bytes
+
+from .text import DEFAULT_WIDTH, fmt_bytes
 
 
 def _change(before: float, after: float, fmt) -> str:
@@ -13,8 +15,8 @@ def _change(before: float, after: float, fmt) -> str:
     return f"{fmt(before)} -> {fmt(after)} ({100 * (after - before) / before:+.1f}%)"
 
 
-def fuse_text(result) -> str:
-    """``FuseResult`` as aligned label/value lines."""
+def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
+    """``FuseResult`` as aligned label/value lines, values wrapped at word boundaries to ``width``."""
     inputs = ", ".join(("{}=".format(i["name"]) if i.get("name") else "") + "×".join(map(str, i["shape"])) + f" {i['dtype']}"
                        for i in result.inputs)
     weights = result.weights or "random weights with random batch-norm statistics (pass --weights for yours)"
@@ -59,5 +61,9 @@ def fuse_text(result) -> str:
         rows.append(("saved", f"{result.path}  (load: torch.export.load({result.path!r}).module())"))
     elif not c.passed:
         rows.append(("saved", "nothing: the check failed"))
-    width = max(len(label) for label, _ in rows) + 2
-    return "\n".join(f"{label:<{width}}{value}" for label, value in rows)
+    indent = max(len(label) for label, _ in rows) + 2
+    lines = []
+    for label, value in rows:
+        wrapped = textwrap.wrap(value, max(20, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
+        lines += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
+    return "\n".join(lines)

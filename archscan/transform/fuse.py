@@ -174,16 +174,16 @@ def program_totals(program: torch.export.ExportedProgram, specs: Sequence[InputS
 
 def _with_latency(result: FuseResult, model: nn.Module, fused: torch.export.ExportedProgram, call: Call,
                   device: torch.device) -> FuseResult:
-    """End-to-end latency of the original and the fused program on ``device``."""
-    from ..measure.timing import RETRIES, clock_for, time_stable
+    """End-to-end latency of the original and the fused program on ``device``, timed interleaved."""
+    from ..measure.timing import clock_for, time_ab
 
     clock = clock_for(device)
     on_device = Call(tuple(t.to(device) for t in call.args), {k: t.to(device) for k, t in call.kwargs.items()})
+    model, program = model.to(device), fused.module().to(device)
+    with torch.inference_mode():
+        before, after = time_ab(lambda: on_device(model), lambda: on_device(program), clock)
     times = {}
-    for name, module in (("before", model), ("after", fused.module())):
-        module = module.to(device)
-        with torch.inference_mode():
-            stats = time_stable(lambda: on_device(module), clock, retries=RETRIES, warmup=5, min_repeats=10)
+    for name, stats in (("before", before), ("after", after)):
         times[f"{name}_ms"] = stats.median_ms
         times[f"{name}_spread"] = round(stats.spread, 4)
         times[f"{name}_unstable"] = stats.unstable
