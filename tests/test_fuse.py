@@ -366,6 +366,13 @@ def test_weights_state_dict_loads(conv_bn_weights, tmp_path):
     _check_loaded(model, tmp_path / "sd.pt")
 
 
+def test_weights_from_safetensors(conv_bn_weights, tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    model, sd = conv_bn_weights
+    safetensors.save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "sd.safetensors"))
+    _check_loaded(model, tmp_path / "sd.safetensors")
+
+
 def test_weights_wrapped_and_prefixed_checkpoint_loads(conv_bn_weights, tmp_path):
     model, sd = conv_bn_weights
     torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}, "epoch": 7}, tmp_path / "ckpt.pt")
