@@ -161,14 +161,15 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
     captured = capture(target, specs, kwargs, dtype, capture_method)
     report = build_report(captured, name or target.name, specs, dtype)
+    fake_model = captured.model if captured.fake else None
     try:
         real = None if captured.fake else captured.model
         report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
     except DeviceError as exc:
         exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
-                             selected, None, advise)
+                             selected, None, advise, (target, specs, kwargs, dtype, fake_model))
         raise
-    report = _advise(report, selected, profile, advise)  # last: some rules read measurements
+    report = _advise(report, selected, profile, advise, (target, specs, kwargs, dtype, fake_model))  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 
 
@@ -197,13 +198,16 @@ def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Rep
     return dataclasses.replace(report, recommendations=recs)
 
 
-def _advise(report: Report, selected: list[str], profile, advise: bool) -> Report:
-    """Findings, then the recommendations that answer them (one graph view for both)."""
+def _advise(report: Report, selected: list[str], profile, advise: bool, build=(None, (), None, None, None)) -> Report:
+    """Findings, then the recommendations that answer them (one graph view for both); ``build``:
+    (target, specs, kwargs, dtype, the fake model), for the recommenders that count changed copies of it."""
     if not selected and not advise:
         return report
     ctx = RuleContext(report)
     report = run_rules(report, selected, ctx) if selected else report
-    return _recommend(report, profile, rules=ctx) if advise else report
+    target, specs, kwargs, dtype, model = build
+    return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
+                      model=model) if advise else report
 
 
 def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None):

@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
-_SUBCOMMANDS = {"scan", "fuse", "zoo", "calibrate", "guidelines"}
+_SUBCOMMANDS = {"scan", "fuse", "prune", "zoo", "calibrate", "guidelines"}
 
 
 @app.command("scan")
@@ -155,6 +155,76 @@ def fuse_cmd(
         typer.echo(fuse_text(result, width=terminal_width()))
     if failed is not None:
         raise failed
+
+
+@app.command("prune")
+def prune_cmd(
+    model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224; repeat for several inputs (zoo models have a default)")] = None,
+    ratio: Annotated[float, typer.Option("--ratio", "-r", help="fraction of each group's channels to cut (kept counts are rounded to multiples of 8)")] = 0.3,
+    group: Annotated[Optional[list[int]], typer.Option("--group", "-g", help="cut only this channel group (repeat; default: every group that can be cut); --list shows them")] = None,
+    list_groups: Annotated[bool, typer.Option("--list", help="list the coupled channel groups and exit")] = False,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to save the pruned program (.pt2); default NAME-pruned.pt2 here")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", "-w", help="a state_dict: channels are then cut by importance (filter norms, BN gamma); without it, structurally (the last channels)")] = None,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="build the model in this dtype")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="time the original and the pruned model end to end")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.prune/1, or archscan.groups/1 with --list)")] = False,
+) -> None:
+    """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
+    if device is not None and not measure:
+        raise ArchscanError("--device only applies to a measurement", hint="add --measure")
+    from .api import input_specs, model_dtype
+    from .loading import parse_input_spec, parse_kwargs, resolve_target
+    from .measure import MeasureOptions, check_options
+    from .prune import kept_channels
+
+    kept_channels(16, ratio)  # a bad ratio fails before anything is built
+    model_type = model_dtype(dtype)
+    specs = [parse_input_spec(s) for s in input or []]
+    constructor_kwargs = parse_kwargs(kwargs)
+    where = check_options(MeasureOptions(device=device))[0] if measure else None
+    if weights is not None and not os.path.isfile(weights):
+        raise ArchscanError(f"no such weights file: {weights}", hint="give a state_dict saved with torch.save(model.state_dict(), path)")
+    with _model_output(as_json):
+        target = resolve_target(model)
+        specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or
+                            _no_input(), model_type)
+        if list_groups:
+            from .prune import analyse, describe, kept_channels as keep_at, prunable
+            from .report.prune import groups_text
+
+            with _status("tracing channels"):
+                grouping = analyse(target, specs, constructor_kwargs, model_type)
+            rows = [{**describe(g), "kept_at_ratio": keep_at(g.channels, ratio) if g in prunable(grouping) else None}
+                    for g in grouping.groups]
+            if as_json:
+                typer.echo(json.dumps({"schema": "archscan.groups/1", "model": model, "ratio": ratio, "groups": rows,
+                                       "ops_without_rule": grouping.unknown_ops}, indent=1))
+            else:
+                from .report.text import terminal_width
+
+                typer.echo(groups_text(rows, ratio, grouping.unknown_ops, width=terminal_width()))
+            return
+        from .prune import prune
+        from .transform.fuse import default_path
+
+        path = output or default_path(model).replace("-fused.pt2", "-pruned.pt2")
+        with _status("pruning"):
+            result = prune(target, specs, ratio=ratio, group_ids=group, kwargs=constructor_kwargs, dtype=model_type,
+                           weights=weights, path=path, device=where)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        from .report.prune import prune_text
+        from .report.text import terminal_width
+
+        typer.echo(prune_text(result, width=terminal_width()))
+
+
+def _no_input():
+    raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
 
 
 @contextlib.contextmanager

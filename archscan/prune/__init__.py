@@ -1,1 +1,314 @@
-"""Pruning: coupled channel groups found on fake tensors, cut by module surgery, checked and saved."""
+"""Pruning: coupled channel groups found on fake tensors, cut by module surgery, checked and saved.
+
+``analyse`` finds the groups (``groups.py``) on a fake copy of the model; ``plan`` chooses the
+channels a ratio cuts (multiples of 8 kept; by importance with real weights, else the last
+channels); ``predict`` applies the cut to a meta-device copy and counts it with archscan's own
+analysis; ``prune`` applies it to the real model, checks that it runs, counts it again (the
+counts equal the prediction: same shapes) and saves a ``.pt2``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..building import build_fake, build_real, make_call
+from ..capture import _capture_context, strip_user_hooks
+from ..errors import ArchscanError, CaptureError
+from ..frames import at, short
+from ..loading import InputSpec, ModelTarget
+from .groups import ChannelGroup, Grouping, find_groups
+from .surgery import apply_cuts
+
+ALIGN = 8            # channel counts kept at multiples of this (tensor cores, vector units)
+MIN_CHANNELS = 16    # smaller groups are left alone
+DEFAULT_RATIOS = (0.25, 0.5)
+
+
+def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
+            dtype: torch.dtype | None = None, model: nn.Module | None = None) -> Grouping:
+    """The model's coupled channel groups, found on fake tensors (no weights, nothing computed).
+
+    ``model``: a fake copy already built (a scan's), used instead of building another.
+    """
+    if model is not None:
+        fake_mode = next((t.fake_mode for t in model.parameters() if hasattr(t, "fake_mode")), None)
+        if fake_mode is not None:
+            with _capture_context():
+                return find_groups(model, make_call(specs, dtype, fake_mode), fake_mode)
+    with _capture_context():
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+        strip_user_hooks(model)
+        call = make_call(specs, dtype, fake_mode)
+        try:
+            return find_groups(model, call, fake_mode)
+        except ArchscanError:
+            raise
+        except Exception as exc:
+            raise CaptureError(f"the model failed while its channels were traced{at(exc, target.source_file)}: "
+                               f"{short(exc)}") from exc
+
+
+def kept_channels(channels: int, ratio: float) -> int:
+    """Channels left after cutting ``ratio`` of ``channels``: rounded to a multiple of ALIGN, at least ALIGN."""
+    if not 0 <= ratio < 1:
+        raise ArchscanError(f"--ratio {ratio} is not a fraction to cut", hint="use a number in [0, 1), e.g. 0.3")
+    if channels < MIN_CHANNELS:
+        return channels
+    keep = max(ALIGN, int(round(channels * (1 - ratio) / ALIGN)) * ALIGN)
+    return min(keep, channels)
+
+
+def prunable(grouping: Grouping) -> list[ChannelGroup]:
+    return [g for g in grouping.groups if g.pinned is None and g.channels >= MIN_CHANNELS]
+
+
+def importance(group: ChannelGroup, model: nn.Module | None) -> np.ndarray | None:
+    """Per channel: the L2 norms of the producing layers' filters plus |gamma| of the norms in the
+    group, summed over the group. None without real weights."""
+    if model is None:
+        return None
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    score = np.zeros(group.channels)
+    for (param, dim), idx in group.indices.items():
+        t = tensors.get(param)
+        if t is None or t.is_meta:
+            continue
+        w = t.detach().float().movedim(dim, 0)
+        if param in group.producers and w.dim() > 1:
+            per = w.reshape(w.shape[0], -1).norm(dim=1).cpu().numpy()
+        elif w.dim() == 1 and param.endswith("weight"):
+            per = w.abs().cpu().numpy()   # a norm's gamma
+        else:
+            continue
+        score += per[idx].sum(axis=1)
+    return score
+
+
+def plan(grouping: Grouping, ratio: float, group_ids: Sequence[int] | None = None,
+         model: nn.Module | None = None) -> list[tuple[ChannelGroup, np.ndarray]]:
+    """(group, channel positions to cut) for every chosen group: the least important channels
+    with real weights, else the last ones."""
+    chosen = prunable(grouping) if group_ids is None else [_get(grouping, i) for i in group_ids]
+    cuts = []
+    for g in chosen:
+        n_cut = g.channels - kept_channels(g.channels, ratio)
+        if n_cut <= 0:
+            continue
+        score = importance(g, model)
+        order = np.argsort(score, kind="stable") if score is not None else np.arange(g.channels)[::-1]
+        cuts.append((g, np.sort(order[:n_cut])))
+    return cuts
+
+
+def _get(grouping: Grouping, gid: int) -> ChannelGroup:
+    try:
+        g = grouping.group(gid)
+    except KeyError:
+        raise ArchscanError(f"no channel group {gid}", hint=f"groups are 0..{len(grouping.groups) - 1}: "
+                            "`archscan prune MODEL --list` shows them") from None
+    if g.pinned is not None:
+        raise ArchscanError(f"channel group {gid} cannot be cut: {g.pinned}",
+                            hint="`archscan prune MODEL --list` shows the groups that can")
+    if g.channels < MIN_CHANNELS:
+        raise ArchscanError(f"channel group {gid} has {g.channels} channels, too few to cut (fewer than {MIN_CHANNELS})")
+    return g
+
+
+def params_removed(group: ChannelGroup, n_cut: int, shapes: dict[str, tuple]) -> int:
+    """Parameters (and buffers) a cut of ``n_cut`` channels of ``group`` removes, exactly."""
+    by_param: dict[str, dict[int, int]] = {}
+    for (param, dim), idx in group.indices.items():
+        by_param.setdefault(param, {})[dim] = n_cut * idx.shape[1]
+    removed = 0
+    for param, dims in by_param.items():
+        shape = list(shapes[param])
+        after = [s - dims.get(d, 0) for d, s in enumerate(shape)]
+        removed += math.prod(shape) - math.prod(after)
+    return removed
+
+
+def cuttable(target: ModelTarget, specs, cuts, kwargs=None, dtype=None,
+             model: nn.Module | None = None) -> tuple[list, dict[int, str]]:
+    """The cuts the model's code accepts, and why each other one does not run: all at once first,
+    else one group at a time (a layer that checks its width, such as nn.MultiheadAttention)."""
+    try:
+        predict(target, specs, cuts, kwargs, dtype, model=model)
+        return cuts, {}
+    except ArchscanError:
+        pass
+    ok, refused = [], {}
+    for cut in cuts:
+        try:
+            predict(target, specs, [cut], kwargs, dtype, model=model)
+            ok.append(cut)
+        except ArchscanError as exc:
+            refused[cut[0].id] = str(exc)
+    return ok, refused
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of a (fake) model with every parameter and buffer on the meta device: building
+    variants of it runs no constructor of the user's."""
+    import warnings
+
+    from ..building import _derived_tensors
+
+    memo: dict = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype,
+                                                                                         device="meta")))
+
+
+def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> ModelTarget:
+    """A target that builds the model and cuts it: on the meta device when archscan analyses it
+    (from ``model``, a fake or meta copy, when given: no constructor runs again)."""
+    if model is not None:
+        def build(**_):
+            copy_ = meta_copy(model)
+            apply_cuts(copy_, cuts)
+            return copy_
+    elif target.instance is not None:
+        def build(**_):
+            model = copy.deepcopy(target.instance)
+            apply_cuts(model, cuts)
+            return model
+    else:
+        def build(**kw):
+            model = target.build(kw)
+            apply_cuts(model, cuts)
+            return model
+    return ModelTarget(f"{target.name} (pruned)", build, source_file=target.source_file)
+
+
+def totals(report) -> dict:
+    from ..measure.predict import kernels
+
+    out = {"params": report.totals.params, "flops": report.totals.flops, "mac_bytes": report.totals.mac_bytes,
+           "kernels": sum(kernels(n) for n in report.nodes)}
+    if report.latency and report.latency.get("predicted_ms") is not None:
+        out["predicted_ms"] = report.latency["predicted_ms"]
+    return out
+
+
+def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=None,
+            model: nn.Module | None = None) -> dict:
+    """Totals of the cut model, counted by archscan's analysis of a meta-device copy."""
+    from ..api import scan
+
+    try:
+        report = scan(pruned_target(target, cuts, model), specs, kwargs=kwargs if model is None else None,
+                      dtype=dtype, rules=[], recommend=False,
+                      profile=profile if profile is not None else False)
+    except ArchscanError as exc:
+        raise ArchscanError(f"the cut model does not run: {exc}",
+                            hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from None
+    return totals(report)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    model: str
+    ratio: float
+    groups: tuple[dict, ...]      # per cut group: id, channels, kept, members, importance
+    before: dict
+    predicted: dict
+    after: dict                   # counted on the real pruned model
+    importance: str               # "weights" or "structural"
+    weights: str | None
+    latency: dict | None = None
+    path: str | None = None
+    program: Any = field(default=None, repr=False, compare=False)
+    left_out: tuple[dict, ...] = ()   # groups not cut because the model's code rejects the cut
+
+    def to_json(self) -> dict:
+        return {"schema": "archscan.prune/1", "left_out": list(self.left_out), "model": self.model, "ratio": self.ratio, "importance": self.importance,
+                "weights": self.weights, "before": self.before, "predicted": self.predicted, "after": self.after,
+                "groups": list(self.groups), "path": self.path,
+                **({"latency": self.latency} if self.latency is not None else {})}
+
+
+def describe(g: ChannelGroup, sources: dict[str, str] | None = None) -> dict:
+    """A group as JSON: members (module paths and source lines), channels, why it is pinned."""
+    sources = sources or {}
+    return {"id": g.id, "channels": g.channels, "pinned": g.pinned,
+            "producers": [p.rpartition(".")[0] for p in g.producers],
+            "members": [{"module": m, "source": sources.get(m)} for m in g.modules]}
+
+
+def prune(target: ModelTarget, specs: Sequence[InputSpec], *, ratio: float, group_ids: Sequence[int] | None = None,
+          kwargs: dict | None = None, dtype: torch.dtype | None = None, weights: str | None = None,
+          path: str | None = None, device: torch.device | None = None) -> PruneResult:
+    """Cut ``ratio`` of the chosen groups' channels (all prunable groups by default) from the real
+    model, check it runs, count it, save it."""
+    from ..api import scan
+    from ..recording import output_tensors
+    from ..transform.fuse import _export, _save, _with_latency
+    from ..transform.weights import load_weights
+
+    kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
+    grouping = analyse(target, specs, kwargs, dtype)
+    with _capture_context():
+        model = build_real(target, kwargs or {}, dtype, specs)
+        strip_user_hooks(model)
+        if weights is not None:
+            load_weights(model, weights)
+        original = copy.deepcopy(model) if device is not None else None
+        cuts = plan(grouping, ratio, group_ids, model if weights is not None else None)
+        if not cuts:
+            raise ArchscanError(f"nothing to cut at --ratio {ratio}",
+                                hint="no group can be cut (see `archscan prune MODEL --list`), or the ratio keeps every channel")
+        refused: dict[int, str] = {}
+        if group_ids is None:  # every group: leave out those the model's code does not accept cut
+            cuts, refused = cuttable(target, specs, cuts, kwargs, dtype)
+            if not cuts:
+                raise ArchscanError("no group can be cut without breaking the model's code: "
+                                    + "; ".join(f"group {g}: {why}" for g, why in list(refused.items())[:2]))
+        before_report = scan(target, specs, kwargs=kwargs, dtype=dtype, rules=[], recommend=False, profile=False)
+        predicted = predict(target, specs, cuts, kwargs, dtype)
+        apply_cuts(model, cuts)
+        call = make_call(specs, dtype)
+        try:
+            with torch.no_grad():
+                output = call(model)
+        except Exception as exc:
+            raise CaptureError(f"the pruned model does not run{at(exc, target.source_file)}: {short(exc)}",
+                               hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from exc
+        after = totals(scan(model, specs, dtype=dtype, name=target.name, rules=[], recommend=False, profile=False))
+        program = _export(model, call, output, "the pruned model")
+    sources = _sources(before_report)
+    groups = tuple({**describe(g, sources), "kept": g.channels - len(c), "cut": len(c)} for g, c in cuts)
+    result = PruneResult(target.name, ratio, groups, totals(before_report), predicted, after,
+                         "weights" if weights is not None else "structural", weights, program=program,
+                         left_out=tuple({"id": g, "why": why} for g, why in refused.items()))
+    if device is not None:
+        result = _with_latency(result, original, program, call, device)
+    if path is not None:
+        _save(program, path)
+        result = dataclasses.replace(result, path=path)
+    return result
+
+
+def _sources(report) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n in report.nodes:
+        if n.source and n.module and n.module not in out:
+            out[n.module] = n.source
+    return out
+
+
+__all__ = ["ALIGN", "analyse", "describe", "kept_channels", "plan", "predict", "prunable", "prune", "PruneResult"]

@@ -39,6 +39,11 @@ class Context:
     rules: RuleContext      # the node graph (built once for the rules and reused)
     profile: object | None  # a DeviceProfile, when one predicts latency
     command: str            # how to name the model and inputs on the command line ('' for a Python object)
+    target: object | None = None   # the ModelTarget, inputs, constructor kwargs and dtype: recommenders
+    specs: tuple = ()              # that build variants of the model (prune, distill) need them
+    kwargs: dict | None = None
+    dtype: object | None = None
+    model: object | None = None    # the scan's fake copy of the model: variants are built from it
 
     def cited(self, *rules: str) -> tuple[dict, ...]:
         """The findings of these rules, as {"rule", "module"} references."""
@@ -201,6 +206,71 @@ def _channels_last(ctx: Context) -> list[Recommendation]:
     )]
 
 
+PRUNE_RATIO = 0.3   # the cut a prune recommendation proposes (the CLI's default --ratio)
+PRUNE_SHOWN = 2     # prune recommendations made (the groups saving most); `archscan prune --list` has all
+# Variants of the model (pruned, student) are counted by scanning them: in a scan, only for models
+# up to this many nodes (ResNet-101 has 350, ViT-L/16 about 560); larger ones: `archscan prune --list`.
+VARIANT_NODE_LIMIT = 800
+
+
+def _prune(ctx: Context) -> list[Recommendation]:
+    """The channel groups whose cut saves most, counted exactly on a cut copy of the model."""
+    if ctx.target is None or ctx.model is None or getattr(ctx.target, "program", False) \
+            or len(ctx.report.nodes) > VARIANT_NODE_LIMIT:
+        return []
+    from ..errors import ArchscanError
+    from ..prune import analyse, cuttable, params_removed, plan, predict, totals
+
+    try:
+        grouping = analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
+    except ArchscanError:
+        return []  # the scan stands without it
+    cuts = plan(grouping, PRUNE_RATIO)
+    cuts.sort(key=lambda c: -params_removed(c[0], len(c[1]), grouping.param_shapes))
+    before = totals(ctx.report)
+    recs = []
+    for cut in cuts[:2 * PRUNE_SHOWN]:
+        ok, _ = cuttable(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.model)
+        if not ok:
+            continue
+        after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model)
+        group, channels = cut
+        saving = {k: before[k] - after[k] for k in ("mac_bytes", "flops", "params", "kernels")}
+        basis, note = "mac", "time not predicted (no device profile: archscan calibrate)"
+        if "predicted_ms" in after and "predicted_ms" in before:
+            saving = {"ms": before["predicted_ms"] - after["predicted_ms"], **saving}
+            basis = "predicted"
+            time_share = saving["ms"] / before["predicted_ms"] if before["predicted_ms"] else 0.0
+            flops_share = saving["flops"] / before["flops"] if before["flops"] else 0.0
+            note = (f"predicted time -{100 * time_share:.1f}%"
+                    + (" only: its layers are memory- or overhead-bound, so FLOPs fall but time does not; "
+                       "it will not pay" if flops_share > 0 and time_share < 0.5 * flops_share else ""))
+        modules = group.modules
+        kept = group.channels - len(channels)
+        recs.append(Recommendation(
+            kind="prune", target=tuple(modules),
+            reason=(f"cut channel group {group.id} from {group.channels} to {kept} channels (ratio {PRUNE_RATIO}, "
+                    f"multiples of 8) across {len(modules)} layers made by {', '.join(p.rpartition('.')[0] for p in group.producers[:3])}"
+                    f"{' ...' if len(group.producers) > 3 else ''}: FLOPs -{100 * saving['flops'] / max(1, before['flops']):.1f}%, "
+                    f"{note}; channels chosen structurally (pass --weights for importance); fine-tune afterwards"),
+            estimated_saving=saving, basis=basis,
+            apply=(f"archscan prune {ctx.command} --group {group.id} --ratio {PRUNE_RATIO} -o "
+                   f"{_stem(ctx.report.model)}-pruned.pt2" if ctx.command else
+                   f"archscan.prune(model, inputs, groups=[{group.id}], ratio={PRUNE_RATIO})"),
+            findings=tuple({"rule": f.rule, "module": f.module} for f in ctx.report.findings
+                           if f.rule in ("G1", "G2") and f.module in modules),
+        ))
+        if len(recs) == PRUNE_SHOWN:
+            break
+    return recs
+
+
+def _stem(name: str) -> str:
+    from ..transform.fuse import default_path
+
+    return default_path(name).removesuffix("-fused.pt2")
+
+
 def _from_finding(rule: str, kind: str, apply: str, ms_key: str | None = None) -> Recommender:
     """A recommendation per finding of ``rule``, saving what the finding says it saves."""
 
@@ -234,6 +304,7 @@ RECOMMENDERS: dict[str, Recommender] = {
     "compile": _compile,
     "low-precision": _low_precision,
     "channels-last": _channels_last,
+    "prune": _prune,
     "host-sync": _from_finding("host-sync", "host-sync", "fix"),
     "host-tensor": _from_finding("host-tensor", "buffer", "fix"),
     "remove-unused": _from_finding("unused-module", "remove-unused", "fix"),
@@ -248,15 +319,20 @@ def _rank_key(r: Recommendation) -> tuple:
     return (ms is None, -(ms or 0.0), -r.estimated_saving.get("mac_bytes", 0), -r.estimated_saving.get("kernels", 0))
 
 
-def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None) -> Report:
+def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,
+              target=None, specs=(), kwargs: dict | None = None, dtype=None, model=None) -> Report:
     """The report with ``recommendations`` filled in, best first.
 
     Args:
         profile: the ``DeviceProfile`` that predicted latency, if any.
         command: the model and inputs as ``archscan`` takes them ('zoo:resnet50 --input 1,3,224,224');
             None derives it from the report (a Python object gets Python calls instead).
+        target, specs, kwargs, dtype, model: the model (the scan's fake copy) and how it was built,
+            for the recommenders that count a changed copy of it (prune, distill); without them
+            they propose nothing.
     """
-    ctx = Context(report, rules or RuleContext(report), profile, command if command is not None else command_of(report))
+    ctx = Context(report, rules or RuleContext(report), profile, command if command is not None else command_of(report),
+                  target, tuple(specs), kwargs, dtype, model)
     recs = [r for recommender in RECOMMENDERS.values() for r in recommender(ctx)]
     recs.sort(key=_rank_key)
     return dataclasses.replace(report, recommendations=tuple(recs))
