@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
-_SUBCOMMANDS = {"scan", "fuse", "prune", "zoo", "calibrate", "guidelines"}
+_SUBCOMMANDS = {"scan", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
 
 
 @app.command("scan")
@@ -161,7 +161,7 @@ def fuse_cmd(
 def prune_cmd(
     model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
     input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224; repeat for several inputs (zoo models have a default)")] = None,
-    ratio: Annotated[float, typer.Option("--ratio", "-r", help="fraction of each group's channels to cut (kept counts are rounded to multiples of 8)")] = 0.3,
+    ratio: Annotated[Optional[float], typer.Option("--ratio", "-r", help="fraction of each group's channels to cut (kept counts are rounded to multiples of 8); default 0.3, and 0.25 and 0.5 with --list")] = None,
     group: Annotated[Optional[list[int]], typer.Option("--group", "-g", help="cut only this channel group (repeat; default: every group that can be cut); --list shows them")] = None,
     list_groups: Annotated[bool, typer.Option("--list", help="list the coupled channel groups and exit")] = False,
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to save the pruned program (.pt2); default NAME-pruned.pt2 here")] = None,
@@ -180,7 +180,8 @@ def prune_cmd(
     from .measure import MeasureOptions, check_options
     from .prune import kept_channels
 
-    kept_channels(16, ratio)  # a bad ratio fails before anything is built
+    if ratio is not None:
+        kept_channels(16, ratio)  # a bad ratio fails before anything is built
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
@@ -192,27 +193,28 @@ def prune_cmd(
         specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or
                             _no_input(), model_type)
         if list_groups:
-            from .prune import analyse, describe, kept_channels as keep_at, prunable
+            from .measure import cached_profile, resolve_device
+            from .prune import DEFAULT_RATIOS, group_table
             from .report.prune import groups_text
 
+            profile = cached_profile(resolve_device(None), None)[0]
             with _status("tracing channels"):
-                grouping = analyse(target, specs, constructor_kwargs, model_type)
-            rows = [{**describe(g), "kept_at_ratio": keep_at(g.channels, ratio) if g in prunable(grouping) else None}
-                    for g in grouping.groups]
+                grouping, rows = group_table(target, specs, constructor_kwargs, model_type,
+                                             (ratio,) if ratio is not None else DEFAULT_RATIOS, profile)
             if as_json:
-                typer.echo(json.dumps({"schema": "archscan.groups/1", "model": model, "ratio": ratio, "groups": rows,
+                typer.echo(json.dumps({"schema": "archscan.groups/1", "model": model, "groups": rows,
                                        "ops_without_rule": grouping.unknown_ops}, indent=1))
             else:
                 from .report.text import terminal_width
 
-                typer.echo(groups_text(rows, ratio, grouping.unknown_ops, width=terminal_width()))
+                typer.echo(groups_text(rows, grouping.unknown_ops, width=terminal_width()))
             return
         from .prune import prune
         from .transform.fuse import default_path
 
         path = output or default_path(model).replace("-fused.pt2", "-pruned.pt2")
         with _status("pruning"):
-            result = prune(target, specs, ratio=ratio, group_ids=group, kwargs=constructor_kwargs, dtype=model_type,
+            result = prune(target, specs, ratio=0.3 if ratio is None else ratio, group_ids=group, kwargs=constructor_kwargs, dtype=model_type,
                            weights=weights, path=path, device=where)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=1))
@@ -221,6 +223,40 @@ def prune_cmd(
         from .report.text import terminal_width
 
         typer.echo(prune_text(result, width=terminal_width()))
+
+
+@app.command("distill")
+def distill_cmd(
+    model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224; repeat for several inputs (zoo models have a default)")] = None,
+    student: Annotated[Optional[str], typer.Option("--student", "-s", help="the student to build, by id, e.g. depth:layer3:1 or shuffle:layer2.1 (default: the best; the output lists the others)")] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to save the student (.pt2); default NAME-student.pt2 here")] = None,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="build the student in this dtype: float32, bfloat16, float16")] = None,
+    eval_mode: Annotated[bool, typer.Option("--eval", help="export the student in eval mode (running statistics, dropout off) instead of training mode")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.distill/1)")] = False,
+) -> None:
+    """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
+    from .api import input_specs, model_dtype
+    from .distill import distill, student_path
+    from .loading import parse_input_spec, parse_kwargs, resolve_target
+
+    model_type = model_dtype(dtype)
+    specs = [parse_input_spec(s) for s in input or []]
+    constructor_kwargs = parse_kwargs(kwargs)
+    with _model_output(as_json):
+        target = resolve_target(model)
+        specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or _no_input(), model_type)
+        with _status("distilling"):
+            result = distill(target, specs, student=student, path=output or student_path(model),
+                             kwargs=constructor_kwargs, dtype=model_type, train=not eval_mode)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        from .report.distill import distill_text
+        from .report.text import terminal_width
+
+        typer.echo(distill_text(result, width=terminal_width()))
 
 
 def _no_input():

@@ -265,6 +265,15 @@ def _prune(ctx: Context) -> list[Recommendation]:
     return recs
 
 
+def _distill(ctx: Context) -> list[Recommendation]:
+    """Smaller students to distill into (``archscan.distill``): at most two, estimated from the report."""
+    if len(ctx.report.nodes) > VARIANT_NODE_LIMIT:
+        return []
+    from ..distill import distill_recommendations  # late: keeps importing archscan.recommend light
+
+    return distill_recommendations(ctx, ctx.target, ctx.specs, ctx.kwargs, ctx.dtype)
+
+
 def _stem(name: str) -> str:
     from ..transform.fuse import default_path
 
@@ -305,6 +314,7 @@ RECOMMENDERS: dict[str, Recommender] = {
     "low-precision": _low_precision,
     "channels-last": _channels_last,
     "prune": _prune,
+    "distill": _distill,
     "host-sync": _from_finding("host-sync", "host-sync", "fix"),
     "host-tensor": _from_finding("host-tensor", "buffer", "fix"),
     "remove-unused": _from_finding("unused-module", "remove-unused", "fix"),

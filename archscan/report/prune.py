@@ -20,21 +20,28 @@ def _modules(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (f" (+{len(names) - n})" if len(names) > n else "")
 
 
-def groups_text(rows: list[dict], ratio: float, unknown: dict, width: int = DEFAULT_WIDTH) -> str:
-    """One block per group: id, channels, what a cut at ``ratio`` keeps, its layers, or why it stays."""
-    lines = [f"{len(rows)} coupled channel groups ({sum(1 for r in rows if r['kept_at_ratio'] is not None)} can be cut; "
-             f"kept channels at --ratio {ratio:g} rounded to multiples of 8)"]
+def groups_text(rows: list[dict], unknown: dict, width: int = DEFAULT_WIDTH) -> str:
+    """One block per group: id, channels, layers and the first source line, then what each cut
+    saves (or why the group stays)."""
+    cuttable = sum(1 for r in rows if r["cuts"])
+    lines = [f"{len(rows)} coupled channel groups, {cuttable} can be cut (kept channels rounded to multiples of 8; "
+             "each cut counted alone, exactly)"]
     for r in rows:
-        if r["kept_at_ratio"] is not None:
-            status = f"{r['channels']} -> {r['kept_at_ratio']} channels"
-        elif r["pinned"]:
-            status = f"{r['channels']} channels, kept: {r['pinned']}"
-        else:
-            status = f"{r['channels']} channels, too few to cut"
-        produced = _modules(r["producers"])
-        lines += textwrap.wrap(f"group {r['id']}: {status}; made by {produced}; {len(r['members'])} layers: "
-                               f"{_modules([m['module'] for m in r['members']], 4)}", width,
-                               subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+        source = next((m["source"] for m in r["members"] if m.get("source")), None)
+        head = (f"group {r['id']}: {r['channels']} channels; made by {_modules(r['producers'])}; "
+                f"{len(r['members'])} layers: {_modules([m['module'] for m in r['members']], 4)}"
+                + (f" ({source})" if source else ""))
+        lines += textwrap.wrap(head, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+        if r["cuts"]:
+            for c in r["cuts"]:
+                ms = f", {c['ms']:.3f} ms predicted" if "ms" in c else ""
+                pays = "" if c.get("pays", True) else "; will not pay: FLOPs fall, predicted time does not"
+                lines.append(f"    cut {c['ratio']:g}: keep {c['kept']}, saves {fmt_count(c['params'])} params, "
+                             f"{fmt_count(c['flops'])} FLOPs, {fmt_bytes(c['mac_bytes'])}{ms}{pays}")
+        why = r.get("refused") or r.get("pinned") or (None if r["cuts"] else "too few channels to cut")
+        if why:
+            lines += textwrap.wrap(f"kept: {why}", width, initial_indent="    ", subsequent_indent="    ",
+                                   break_long_words=False, break_on_hyphens=False)
     if unknown:
         lines.append("ops without a channel rule (their channels are kept): "
                      + ", ".join(f"{op} x{n}" for op, n in unknown.items()))
