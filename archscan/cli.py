@@ -195,20 +195,22 @@ def prune_cmd(
         if list_groups:
             from .measure import cached_profile, resolve_device
             from .prune import DEFAULT_RATIOS, group_table
-            from .report.prune import groups_text
 
             profile = cached_profile(resolve_device(None), None)[0]
             with _status("tracing channels"):
                 grouping, rows = group_table(target, specs, constructor_kwargs, model_type,
                                              (ratio,) if ratio is not None else DEFAULT_RATIOS, profile)
-            if as_json:
-                typer.echo(json.dumps({"schema": "archscan.groups/1", "model": model, "groups": rows,
-                                       "ops_without_rule": grouping.unknown_ops}, indent=1))
-            else:
-                from .report.text import terminal_width
+    if list_groups:  # printed outside _model_output: with --json, stdout carries the JSON alone
+        if as_json:
+            typer.echo(json.dumps({"schema": "archscan.groups/1", "model": model, "groups": rows,
+                                   "ops_without_rule": grouping.unknown_ops}, indent=1))
+        else:
+            from .report.prune import groups_text
+            from .report.text import terminal_width
 
-                typer.echo(groups_text(rows, grouping.unknown_ops, width=terminal_width()))
-            return
+            typer.echo(groups_text(rows, grouping.unknown_ops, width=terminal_width()))
+        return
+    with _model_output(as_json):
         from .prune import prune
         from .transform.fuse import default_path
 

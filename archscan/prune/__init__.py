@@ -59,12 +59,13 @@ def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
 
 
 def kept_channels(channels: int, ratio: float) -> int:
-    """Channels left after cutting ``ratio`` of ``channels``: rounded to a multiple of ALIGN, at least ALIGN."""
+    """Channels left after cutting ``ratio`` of ``channels``: ``channels * (1 - ratio)`` rounded up
+    to a multiple of ALIGN (a cut never exceeds the ratio asked for), at least ALIGN."""
     if not 0 <= ratio < 1:
         raise ArchscanError(f"--ratio {ratio} is not a fraction to cut", hint="use a number in [0, 1), e.g. 0.3")
     if channels < MIN_CHANNELS:
         return channels
-    keep = max(ALIGN, int(round(channels * (1 - ratio) / ALIGN)) * ALIGN)
+    keep = max(ALIGN, math.ceil(round(channels * (1 - ratio), 6) / ALIGN) * ALIGN)
     return min(keep, channels)
 
 
@@ -250,17 +251,24 @@ def describe(g: ChannelGroup, sources: dict[str, str] | None = None) -> dict:
             "members": [{"module": m, "source": sources.get(m)} for m in g.modules]}
 
 
-def prune(target: ModelTarget, specs: Sequence[InputSpec], *, ratio: float, group_ids: Sequence[int] | None = None,
+def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | Any, *, ratio: float = 0.3,
+          group_ids: Sequence[int] | None = None,
           kwargs: dict | None = None, dtype: torch.dtype | None = None, weights: str | None = None,
           path: str | None = None, device: torch.device | None = None) -> PruneResult:
     """Cut ``ratio`` of the chosen groups' channels (all prunable groups by default) from the real
-    model, check it runs, count it, save it."""
-    from ..api import scan
-    from ..recording import output_tensors
+    model, check it runs, count it, save it.
+
+    ``target`` and ``specs`` take what ``archscan.scan`` takes: a module, class, factory or target
+    string, and shapes or specs. ``group_ids`` are the ids ``archscan prune --list`` shows.
+    """
+    from ..api import input_specs, scan, to_target
     from ..transform.fuse import _export, _save, _with_latency
     from ..transform.weights import load_weights
 
     kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
+    target = to_target(target)
+    specs = input_specs(specs, dtype) if not (isinstance(specs, (list, tuple)) and specs
+                                                 and all(isinstance(x, InputSpec) for x in specs)) else list(specs)
     grouping = analyse(target, specs, kwargs, dtype)
     with _capture_context():
         model = build_real(target, kwargs or {}, dtype, specs)

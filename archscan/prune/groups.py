@@ -939,7 +939,7 @@ def _groups(mode: LabelMode) -> Grouping:
         start = class_start[first_class[g]]
         stop = class_start[first_class[g] + 1] if first_class[g] + 1 < len(class_start) else len(run_root)
         sig_members, sig_counts = run_member[start:stop], run_count[start:stop]
-        n_classes = (hi - lo) // int(sig_counts.sum())
+        n_classes = int(hi - lo) // int(sig_counts.sum())
         indices, at = {}, lo
         for m_id, count in zip(sig_members.tolist(), sig_counts.tolist()):
             n = n_classes * count

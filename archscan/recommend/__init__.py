@@ -256,7 +256,8 @@ def _prune(ctx: Context) -> list[Recommendation]:
             estimated_saving=saving, basis=basis,
             apply=(f"archscan prune {ctx.command} --group {group.id} --ratio {PRUNE_RATIO} -o "
                    f"{_stem(ctx.report.model)}-pruned.pt2" if ctx.command else
-                   f"archscan.prune(model, inputs, groups=[{group.id}], ratio={PRUNE_RATIO})"),
+                   f"from archscan.prune import prune; prune(model, inputs, group_ids=[{group.id}], "
+                   f"ratio={PRUNE_RATIO}, path='model-pruned.pt2')"),
             findings=tuple({"rule": f.rule, "module": f.module} for f in ctx.report.findings
                            if f.rule in ("G1", "G2") and f.module in modules),
         ))
