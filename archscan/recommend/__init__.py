@@ -208,15 +208,21 @@ def _channels_last(ctx: Context) -> list[Recommendation]:
 
 PRUNE_RATIO = 0.3   # the cut a prune recommendation proposes (the CLI's default --ratio)
 PRUNE_SHOWN = 2     # prune recommendations made (the groups saving most); `archscan prune --list` has all
-# Variants of the model (pruned, student) are counted by scanning them: in a scan, only for models
-# up to this many nodes (ResNet-101 has 350, ViT-L/16 about 560); larger ones: `archscan prune --list`.
+# Variants of the model (pruned, student) are counted by scanning them. A scan makes them only for
+# models torch.fx traces (a variant then costs about 0.1 s; one that needs torch.export, seconds)
+# with up to this many nodes (ResNet-101 has 345, ViT-L/16 298); for the others:
+# `archscan prune --list`, `archscan distill`.
 VARIANT_NODE_LIMIT = 800
+
+
+def _variants_affordable(ctx: Context) -> bool:
+    return ctx.report.capture == "fx" and len(ctx.report.nodes) <= VARIANT_NODE_LIMIT
 
 
 def _prune(ctx: Context) -> list[Recommendation]:
     """The channel groups whose cut saves most, counted exactly on a cut copy of the model."""
     if ctx.target is None or ctx.model is None or getattr(ctx.target, "program", False) \
-            or len(ctx.report.nodes) > VARIANT_NODE_LIMIT:
+            or not _variants_affordable(ctx):
         return []
     from ..errors import ArchscanError
     from ..prune import analyse, cuttable, params_removed, plan, predict, totals
@@ -268,7 +274,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
 
 def _distill(ctx: Context) -> list[Recommendation]:
     """Smaller students to distill into (``archscan.distill``): at most two, estimated from the report."""
-    if len(ctx.report.nodes) > VARIANT_NODE_LIMIT:
+    if not _variants_affordable(ctx):
         return []
     from ..distill import distill_recommendations  # late: keeps importing archscan.recommend light
 
