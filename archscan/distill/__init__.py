@@ -40,6 +40,7 @@ from ..loading import InputSpec, ModelTarget, parse_dtype
 from ..measure.predict import kernels
 from ..recording import output_tensors, quiet
 from ..results import Recommendation, Report, module_and_ancestors
+from ..transform.fuse import save_program
 from .students import (GUIDELINE_RULES, PROPOSERS, ShuffleUnit, StageScore, Student, Teacher, adapter_for, candidates,
                        feature_points, stage_ranking)
 
@@ -358,7 +359,7 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
         if path is None:
             _run(program, example, "the exported student")
         else:
-            _save(program, path)
+            save_program(program, path)
             with quiet():
                 saved = torch.export.load(path)
             _run(saved, example, f"the student saved to {path}")
@@ -417,14 +418,6 @@ def _run(program: torch.export.ExportedProgram, call: Call, what: str) -> None:
         raise CaptureError(f"{what} does not run: {short(exc)}", hint=hint) from exc
 
 
-def _save(program: torch.export.ExportedProgram, path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
-    try:
-        torch.export.save(program, path)
-    except OSError as exc:
-        raise ArchscanError(f"cannot save to {path}: {exc.strerror or exc}") from None
 
 
 def _default_profile():

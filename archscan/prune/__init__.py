@@ -262,7 +262,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
     string, and shapes or specs. ``group_ids`` are the ids ``archscan prune --list`` shows.
     """
     from ..api import input_specs, scan, to_target
-    from ..transform.fuse import _export, _save, _with_latency
+    from ..transform.fuse import _export, _with_latency, save_program
     from ..transform.weights import load_weights
 
     kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
@@ -306,7 +306,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
     if device is not None:
         result = _with_latency(result, original, program, call, device)
     if path is not None:
-        _save(program, path)
+        save_program(program, path)
         result = dataclasses.replace(result, path=path)
     return result
 

@@ -347,21 +347,7 @@ class LabelMode(TorchDispatchMode):
         return a if a.size >= b.size else b
 
     def _view(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        view = self._param_view(x) if id(x) not in self.labs else None
-        if view is not None:
-            mapped = _view_param(view, tuple(x.shape), tuple(out.shape))
-            if mapped is not None:
-                self.views[id(out)] = mapped
-                self.keep.append(out)
-                return
-        lab = self.lab(x)
-        if lab is None:
-            return self.set(out, None)
-        new, split = _reshape_labels(lab, tuple(x.shape), tuple(out.shape))
-        if split:
-            self.pin("a view splits or merges channels with another dim (heads, channel shuffle): "
-                     "only uniform cuts of whole units fit the model's code", lab)
-        self.set(out, new)
+        _view_like(self, x, out, pin_splits=True)
 
     def _channelwise(self, x, out) -> None:
         lab = self.lab(x)
@@ -568,7 +554,9 @@ def _h_unsqueeze(m: LabelMode, func, args, kwargs, out):
     _view_like(m, args[0], out)
 
 
-def _view_like(m: LabelMode, x, out):
+def _view_like(m: LabelMode, x, out, pin_splits: bool = False) -> None:
+    """Labels (or a parameter view) through a view; with ``pin_splits``, channels a view splits or
+    merges with another non-trivial dim are pinned (reshape/view; squeeze and friends cannot)."""
     view = m._param_view(x) if id(x) not in m.labs else None
     if view is not None:
         mapped = _view_param(view, tuple(x.shape), tuple(out.shape))
@@ -580,6 +568,9 @@ def _view_like(m: LabelMode, x, out):
     if lab is None:
         return m.set(out, None)
     new, split = _reshape_labels(lab, tuple(x.shape), tuple(out.shape))
+    if split and pin_splits:
+        m.pin("a view splits or merges channels with another dim (heads, channel shuffle): "
+              "only uniform cuts of whole units fit the model's code", lab)
     m.set(out, new)
 
 

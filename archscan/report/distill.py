@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import textwrap
-
 from tabulate import tabulate
 
 from .fuse import _change
-from .text import DEFAULT_WIDTH, _shape, fmt_bytes, fmt_count
+from .text import DEFAULT_WIDTH, _shape, fmt_bytes, fmt_count, label_lines
 
 
 def mapping_table(mapping) -> str:
@@ -43,10 +41,6 @@ def distill_text(result, width: int = DEFAULT_WIDTH) -> str:
     if result.alternatives:
         shown = ", ".join(result.alternatives[:6]) + (f" (+{len(result.alternatives) - 6})" if len(result.alternatives) > 6 else "")
         rows.append(("others", f"{shown} (--student ID)"))
-    indent = max(len(label) for label, _ in rows) + 2
-    lines = []
-    for label, value in rows:
-        wrapped = textwrap.wrap(value, max(20, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
-        lines += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
+    lines = label_lines(rows, width)
     lines += ["", "layer mapping (feature distillation: teacher output <-> student output)", mapping_table(result.mapping)]
     return "\n".join(lines)

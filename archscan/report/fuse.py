@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import textwrap
 from collections import defaultdict
 
-
-from .text import DEFAULT_WIDTH, fmt_bytes
+from .text import DEFAULT_WIDTH, fmt_bytes, label_lines
 
 
 def _change(before: float, after: float, fmt) -> str:
@@ -61,9 +59,4 @@ def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
         rows.append(("saved", f"{result.path}  (load: torch.export.load({result.path!r}).module())"))
     elif not c.passed:
         rows.append(("saved", "nothing: the check failed"))
-    indent = max(len(label) for label, _ in rows) + 2
-    lines = []
-    for label, value in rows:
-        wrapped = textwrap.wrap(value, max(20, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
-        lines += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
-    return "\n".join(lines)
+    return "\n".join(label_lines(rows, width))

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .text import DEFAULT_WIDTH, fmt_bytes, fmt_count
-
-
-def _lines(rows: list[tuple[str, str]], width: int) -> str:
-    indent = max(len(label) for label, _ in rows) + 2
-    out = []
-    for label, value in rows:
-        wrapped = textwrap.wrap(value, max(20, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
-        out += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
-    return "\n".join(out)
+from .text import DEFAULT_WIDTH, fmt_bytes, fmt_count, label_lines
 
 
 def _modules(names: list[str], n: int = 3) -> str:
@@ -78,4 +69,4 @@ def prune_text(result, width: int = DEFAULT_WIDTH) -> str:
                                 f"{lat['device']} ({lat['device_name']})"))
     if result.path:
         rows.append(("saved", f"{result.path}  (load: torch.export.load({result.path!r}).module())"))
-    return _lines(rows, width)
+    return "\n".join(label_lines(rows, width))

@@ -43,6 +43,16 @@ def _prefixed(n: float, prefixes: tuple, unit: str = "") -> str:
     return f"{text}{suffix}{unit}"
 
 
+def label_lines(rows: list[tuple[str, str]], width: int = DEFAULT_WIDTH) -> list[str]:
+    """'label   value' lines, values wrapped at word boundaries under themselves (fuse, prune, distill)."""
+    indent = max(len(label) for label, _ in rows) + 2
+    lines = []
+    for label, value in rows:
+        wrapped = textwrap.wrap(value, max(20, width - indent), break_long_words=False, break_on_hyphens=False) or [""]
+        lines += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
+    return lines
+
+
 def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 

@@ -109,7 +109,7 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
     if device is not None:
         result = _with_latency(result, model, fused, call, device)
     if path is not None:
-        _save(fused, path)
+        save_program(fused, path)
         result = dataclasses.replace(result, path=path)
     return result
 
@@ -150,7 +150,7 @@ def _plain_output(output: Any) -> bool:
     return False
 
 
-def _save(program: torch.export.ExportedProgram, path: str) -> None:
+def save_program(program: torch.export.ExportedProgram, path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
