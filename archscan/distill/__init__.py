@@ -277,6 +277,7 @@ def propose(report: Report, target: ModelTarget, specs: Sequence[InputSpec], kwa
     if target.program:
         return []
     view = Teacher(report)
+    view.grouping = _grouping(target, specs, kwargs, dtype)
     students = candidates(report, view)
     if not students:
         return []
@@ -328,6 +329,7 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
         report = scan(target, specs, kwargs=kwargs, dtype=dtype, rules=list(GUIDELINE_RULES), recommend=False,
                       profile=profile or False)
         view = Teacher(report)
+        view.grouping = _grouping(target, specs, kwargs, dtype)
         students = candidates(report, view)
         if not students:
             raise ArchscanError(
@@ -427,6 +429,16 @@ def _default_profile():
     return cached_profile(resolve_device(None))[0]
 
 
+def _grouping(target: ModelTarget, specs, kwargs=None, dtype=None, model=None):
+    """The model's channel groups for width students (None when they cannot be traced)."""
+    from ..prune import analyse
+
+    try:
+        return analyse(target, specs, kwargs, dtype, model=model)
+    except ArchscanError:
+        return None
+
+
 def student_path(name: str) -> str:
     """'zoo:resnet50' -> 'resnet50-student.pt2'; 'models/net.py:Net' -> 'Net-student.pt2'."""
     stem = name.rpartition(":")[2] or name
@@ -453,6 +465,7 @@ def distill_recommendations(ctx, target: ModelTarget | None = None, specs: Seque
     if target is None or target.program:
         return []
     view = Teacher(report)
+    view.grouping = _grouping(target, specs, kwargs, dtype, getattr(ctx, "model", None))
     teacher = report_totals(report)
     out = []
     for s in [s for s in candidates(report, view) if s.priority > 0][:MAX_ESTIMATED]:

@@ -27,8 +27,9 @@ says its one layer wastes (G3 and G4 findings name several places and count with
   (``ShuffleUnit``) with the same shapes, when the unit has fewer parameters than the block.
 
 A student's priority is the summed score of the modules it removes or replaces. ``PROPOSERS``
-is the table of student kinds, each a function of a ``Teacher`` view: another kind (a uniform
-width cut, say) is one more entry.
+is the table of student kinds, each a function of a ``Teacher`` view: fewer blocks (depth), a
+ShuffleNetV2 unit (shuffle-unit), a uniform width cut of the stage's channel groups (width, when
+the view carries the model's ``grouping``).
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ class Student:
     """A proposed student: what changes, and the recipe that makes it from the teacher module."""
 
     id: str                            # "depth:layer3:1", "shuffle:layer2.1"
-    kind: str                          # depth | shuffle-unit (``PROPOSERS``)
+    kind: str                          # depth | shuffle-unit | width (``PROPOSERS``)
     description: str
     changed: tuple[str, ...]           # teacher module paths removed or replaced
     recipe: Recipe = field(repr=False, compare=False)  # changes the module it is given, in place, and returns it
@@ -423,9 +424,45 @@ def shuffle_students(view: Teacher) -> list[Student]:
 Proposer = Callable[[Teacher], list[Student]]
 
 # Student kinds are data: one proposer per kind, in this order on equal priority.
+WIDTH_RATIO = 0.5  # the uniform width cut a width student makes inside a stage
+
+
+def width_students(view: Teacher) -> list[Student]:
+    """Per ranked stage or block: every prunable channel group that lies entirely inside it cut by
+    WIDTH_RATIO (``archscan.prune``: kept counts multiples of 8). Its output width is unchanged,
+    so the model around it stays as it is. Needs ``view.grouping`` (the model's channel groups)."""
+    grouping = getattr(view, "grouping", None)
+    if grouping is None:
+        return []
+    from ..prune import plan, prunable
+    from ..prune.surgery import apply_cuts
+
+    groups = prunable(grouping)
+    out = []
+    for stage in view.ranking:
+        prefix = stage.path + "."
+        inside = [g.id for g in groups if g.modules and all(m.startswith(prefix) for m in g.modules)]
+        cuts = plan(grouping, WIDTH_RATIO, inside) if inside else []
+        if not cuts:
+            continue
+
+        def recipe(model: nn.Module, cuts=cuts) -> nn.Module:
+            apply_cuts(model, cuts)
+            return model
+
+        channels = ", ".join(f"{g.channels}->{g.channels - len(c)}" for g, c in cuts[:4]) + (" ..." if len(cuts) > 4 else "")
+        out.append(Student(
+            id=f"width:{stage.path}:{WIDTH_RATIO:g}", kind="width",
+            description=f"{stage.path}: {len(cuts)} channel group(s) inside it cut by {WIDTH_RATIO:g} ({channels})",
+            changed=(stage.path,), recipe=recipe, priority=stage.score, why=describe_share([stage]),
+            pairs=((stage.path, stage.path),)))  # same path, same output width: its output is the stage's
+    return out
+
+
 PROPOSERS: dict[str, Proposer] = {
     "depth": depth_students,
     "shuffle-unit": shuffle_students,
+    "width": width_students,
 }
 
 
@@ -473,4 +510,4 @@ def adapter_for(teacher_shape, student_shape) -> str | None:
 
 __all__ = ["FINDING_WEIGHT", "GUIDELINE_RULES", "PROPOSERS", "ShuffleUnit", "StageScore", "Student", "Teacher",
            "adapter_for", "candidates", "channel_shuffle", "depth_students", "feature_points", "shuffle_students",
-           "stage_ranking", "unit_params", "unit_stride"]
+           "stage_ranking", "unit_params", "unit_stride", "width_students"]

@@ -125,10 +125,13 @@ def _get(grouping: Grouping, gid: int) -> ChannelGroup:
     return g
 
 
-def params_removed(group: ChannelGroup, n_cut: int, shapes: dict[str, tuple]) -> int:
-    """Parameters (and buffers) a cut of ``n_cut`` channels of ``group`` removes, exactly."""
+def params_removed(group: ChannelGroup, n_cut: int, shapes: dict[str, tuple], buffers=frozenset()) -> int:
+    """Parameters a cut of ``n_cut`` channels of ``group`` removes, exactly (``buffers``: the
+    names not to count, running statistics)."""
     by_param: dict[str, dict[int, int]] = {}
     for (param, dim), idx in group.indices.items():
+        if param in buffers:
+            continue
         by_param.setdefault(param, {})[dim] = n_cut * idx.shape[1]
     removed = 0
     for param, dims in by_param.items():

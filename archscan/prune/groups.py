@@ -820,7 +820,8 @@ class Grouping:
 
     groups: list[ChannelGroup]
     unknown_ops: dict[str, int]
-    param_shapes: dict[str, tuple]
+    param_shapes: dict[str, tuple]       # every parameter and buffer the forward read
+    buffers: frozenset = frozenset()     # which of them are buffers (running statistics, caches)
 
     def group(self, gid: int) -> ChannelGroup:
         for g in self.groups:
@@ -842,7 +843,9 @@ def find_groups(model: torch.nn.Module, call, fake_mode) -> Grouping:
         out = call(model)
     for t in output_tensors(out):
         mode.pin("reaches the model's output", mode.lab(t))
-    return _groups(mode)
+    grouping = _groups(mode)
+    grouping.buffers = frozenset(name for name, _ in model.named_buffers(remove_duplicate=False))
+    return grouping
 
 
 def _mix(x: np.ndarray, salt: int) -> np.ndarray:

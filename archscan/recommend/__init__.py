@@ -232,7 +232,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
     except ArchscanError:
         return []  # the scan stands without it
     cuts = plan(grouping, PRUNE_RATIO)
-    cuts.sort(key=lambda c: -params_removed(c[0], len(c[1]), grouping.param_shapes))
+    cuts.sort(key=lambda c: -params_removed(c[0], len(c[1]), grouping.param_shapes, grouping.buffers))
     before = totals(ctx.report)
     recs = []
     for cut in cuts[:2 * PRUNE_SHOWN]:
