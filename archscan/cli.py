@@ -520,8 +520,16 @@ def _unforeseen(exc: Exception) -> ArchscanError:
 
 
 def entry() -> None:
-    """setuptools console-script wrapper."""
-    sys.exit(main())
+    """setuptools console-script wrapper. A command is one short-lived process: the cyclic garbage
+    collector stays off (it would walk torch's whole object graph on every threshold crossing while
+    torch imports), and at exit everything left is frozen so the interpreter's final collection
+    skips it. The library (``archscan.scan``) leaves the caller's GC alone."""
+    import gc
+
+    gc.disable()
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

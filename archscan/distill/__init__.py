@@ -453,9 +453,9 @@ def distill_recommendations(ctx, target: ModelTarget | None = None, specs: Seque
     """``distill`` recommendations for ``archscan.recommend``: the best students (at most
     ``RECOMMENDED``) whose changed modules take more time (or bytes) than their FLOPs suggest or
     carry guideline findings (priority above 0), and that move fewer bytes than the model.
-    Savings are the teacher's totals less the student's ``estimate`` (nothing is built); a kind
-    of student ``estimate`` does not know is ``check``ed, which needs ``specs`` (and ``kwargs``,
-    ``dtype`` as scanned).
+    Savings are the teacher's totals less the student's ``estimate`` (nothing is built), so only
+    the kinds ``estimate`` knows are recommended in a scan; width students, which must be built
+    to be counted, are proposed by ``archscan distill``.
 
     Args:
         ctx: the recommend ``Context`` (report with findings, profile, command).
@@ -464,8 +464,7 @@ def distill_recommendations(ctx, target: ModelTarget | None = None, specs: Seque
     report = ctx.report
     if target is None or target.program:
         return []
-    view = Teacher(report)
-    view.grouping = _grouping(target, specs, kwargs, dtype, getattr(ctx, "model", None))
+    view = Teacher(report)  # no grouping: width students are not recommended in a scan (see above)
     teacher = report_totals(report)
     out = []
     for s in [s for s in candidates(report, view) if s.priority > 0][:MAX_ESTIMATED]:

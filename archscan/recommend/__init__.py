@@ -225,7 +225,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
             or not _variants_affordable(ctx):
         return []
     from ..errors import ArchscanError
-    from ..prune import analyse, cuttable, params_removed, plan, predict, totals
+    from ..prune import analyse, params_removed, plan, predict, totals
 
     try:
         grouping = analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
@@ -236,10 +236,10 @@ def _prune(ctx: Context) -> list[Recommendation]:
     before = totals(ctx.report)
     recs = []
     for cut in cuts[:2 * PRUNE_SHOWN]:
-        ok, _ = cuttable(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.model)
-        if not ok:
+        try:  # counted once: a cut the model's code rejects does not run, and is not recommended
+            after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model)
+        except ArchscanError:
             continue
-        after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model)
         group, channels = cut
         saving = {k: before[k] - after[k] for k in ("mac_bytes", "flops", "params", "kernels")}
         basis, note = "mac", "time not predicted (no device profile: archscan calibrate)"

@@ -1,0 +1,81 @@
+"""Whole processes, as a user waits for them: `archscan zoo:NAME --json` against fvcore's
+FlopCountAnalysis script and torch's FlopCounterMode on meta tensors, each a fresh process.
+
+The three commands run interleaved (A B C A B C ...) so drift of the machine lands on all of
+them; each figure is the median of ``--runs`` wall-clock times, and the ratios are archscan's
+median over the other tool's. The floor, `python -c "import torch"`, is printed beside them.
+
+    python benchmarks/bench_startup.py [--runs 5] [--models resnet50,mobilenet_v2,vit_b_16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FVCORE = """
+import sys, torch
+from fvcore.nn import FlopCountAnalysis
+from archscan import zoo
+model = zoo.create_model(sys.argv[1]).eval()
+with torch.no_grad():
+    print(FlopCountAnalysis(model, torch.randn(1, 3, 224, 224)).unsupported_ops_warnings(False).total())
+"""
+
+FLOP_COUNTER = """
+import sys, torch
+from torch.utils.flop_counter import FlopCounterMode
+from archscan import zoo
+with torch.device("meta"):
+    model = zoo.create_model(sys.argv[1]).eval()
+    x = torch.randn(1, 3, 224, 224)
+with FlopCounterMode(display=False) as counter, torch.no_grad():
+    model(x)
+print(counter.get_total_flops() // 2)
+"""
+
+
+def wall(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--models", default="resnet50,mobilenet_v2,vit_b_16")
+    args = parser.parse_args()
+    archscan = shutil.which("archscan") or os.path.join(os.path.dirname(sys.executable), "archscan")
+    floor = [sys.executable, "-c", "import torch"]
+    print(f"# whole processes, median of {args.runs} interleaved runs (wall s); python {sys.version.split()[0]}")
+    print("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / fvcore | archscan / FlopCounterMode")
+    print("|".join(["---"] * 7))
+    for name in args.models.split(","):
+        commands = {
+            "floor": floor,
+            "archscan": [archscan, f"zoo:{name}", "--json"],
+            "fvcore": [sys.executable, "-c", FVCORE, name],
+            "counter": [sys.executable, "-c", FLOP_COUNTER, name],
+        }
+        for cmd in commands.values():  # warm the page cache
+            wall(cmd)
+        times: dict[str, list[float]] = {k: [] for k in commands}
+        for _ in range(args.runs):
+            for key, cmd in commands.items():
+                times[key].append(wall(cmd))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{name} | {med['floor']:.2f} | {med['archscan']:.2f} | {med['fvcore']:.2f} | {med['counter']:.2f} | "
+              f"{med['archscan'] / med['fvcore']:.2f}x | {med['archscan'] / med['counter']:.2f}x")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
