@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .results import NodeReport, Report
+from .results import NodeReport, Report, module_and_ancestors
 
 FRAGMENT_CATEGORIES = frozenset({"conv", "grouped_conv", "depthwise_conv", "pooling"})
 ELEMENTWISE_CATEGORIES = frozenset({"activation", "elementwise", "norm"})  # + depthwise conv for G4
@@ -122,8 +122,8 @@ def module_units(report: Report) -> list[tuple[str, str]]:
         if parent in mods and mods[parent].container:
             units.append((m.path, m.type))
     # keep the outermost units only
-    paths = [p for p, _ in units]
-    return [(p, t) for p, t in units if not any(p.startswith(q + ".") for q in paths if q != p)]
+    paths = {p for p, _ in units}
+    return [(p, t) for p, t in units if not any(q in paths for q in module_and_ancestors(p)[:-1])]
 
 
 def with_shared_inputs(g: nx.DiGraph) -> nx.DiGraph:
@@ -169,9 +169,10 @@ def find_blocks(report: Report, g: nx.DiGraph | None = None) -> list[Block]:
     g = g if g is not None else to_networkx(report)
     units = module_units(report)
     if units:
-        blocks = []
-        for path, type_ in units:
-            names = [n.name for n in report.nodes if n.module == path or n.module.startswith(path + ".")]
-            blocks.append(_block(g, path, type_, "module", names))
-        return blocks
+        members: dict[str, list[str]] = {path: [] for path, _ in units}
+        for n in report.nodes:  # each node once, up its module path: linear in nodes x depth
+            for path in module_and_ancestors(n.module):
+                if path in members:
+                    members[path].append(n.name)
+        return [_block(g, path, type_, "module", members[path]) for path, type_ in units]
     return [_block(g, f"{f}..{j}", "region", "region", names) for f, j, names in fork_join_regions(g)]
