@@ -125,7 +125,7 @@ def fuse_cmd(
     from .api import input_specs, model_dtype
     from .loading import parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, check_options
-    from .transform import default_path, fuse
+    from .transform import fuse, output_path
 
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
@@ -138,7 +138,7 @@ def fuse_cmd(
         specs = specs or [parse_input_spec(s) for s in target.default_inputs]
         if not specs:
             raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
-        path = output or default_path(model)
+        path = output or output_path(model)
         failed = None
         with _status("fusing"):
             try:
@@ -212,9 +212,9 @@ def prune_cmd(
         return
     with _model_output(as_json):
         from .prune import prune
-        from .transform.fuse import default_path
+        from .transform.fuse import output_path
 
-        path = output or default_path(model).replace("-fused.pt2", "-pruned.pt2")
+        path = output or output_path(model, "pruned")
         with _status("pruning"):
             result = prune(target, specs, ratio=0.3 if ratio is None else ratio, group_ids=group, kwargs=constructor_kwargs, dtype=model_type,
                            weights=weights, path=path, device=where)
@@ -240,7 +240,8 @@ def distill_cmd(
 ) -> None:
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
     from .api import input_specs, model_dtype
-    from .distill import distill, student_path
+    from .distill import distill
+    from .transform.fuse import output_path
     from .loading import parse_input_spec, parse_kwargs, resolve_target
 
     model_type = model_dtype(dtype)
@@ -250,7 +251,7 @@ def distill_cmd(
         target = resolve_target(model)
         specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or _no_input(), model_type)
         with _status("distilling"):
-            result = distill(target, specs, student=student, path=output or student_path(model),
+            result = distill(target, specs, student=student, path=output or output_path(model, "student"),
                              kwargs=constructor_kwargs, dtype=model_type, train=not eval_mode)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=1))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -37,10 +36,10 @@ from ..building import Call, build_fake, build_real, make_call
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget, parse_dtype
-from ..measure.predict import kernels
+from ..measure.predict import kernels, report_totals
 from ..recording import output_tensors, quiet
 from ..results import Recommendation, Report, module_and_ancestors
-from ..transform.fuse import save_program
+from ..transform.fuse import output_path, save_program
 from .students import (GUIDELINE_RULES, PROPOSERS, ShuffleUnit, StageScore, Student, Teacher, adapter_for, candidates,
                        feature_points, stage_ranking)
 
@@ -124,11 +123,6 @@ def _sums(nodes) -> dict:
     if nodes and all(n.predicted_ms is not None for n in nodes):
         out["predicted_ms"] = sum(n.predicted_ms for n in nodes)
     return out
-
-
-def report_totals(report: Report) -> dict:
-    """params, flops, mac_bytes, kernels and (when every node has one) predicted_ms of a report."""
-    return {"params": report.totals.params, **_sums(report.nodes)}
 
 
 def _combine(totals: dict, part: dict, sign: int) -> dict:
@@ -439,13 +433,6 @@ def _grouping(target: ModelTarget, specs, kwargs=None, dtype=None, model=None):
         return None
 
 
-def student_path(name: str) -> str:
-    """'zoo:resnet50' -> 'resnet50-student.pt2'; 'models/net.py:Net' -> 'Net-student.pt2'."""
-    stem = name.rpartition(":")[2] or name
-    stem = os.path.splitext(os.path.basename(stem))[0] or "model"
-    return f"{stem}-student.pt2"
-
-
 # --- the recommender ---------------------------------------------------------------------------------------
 
 def distill_recommendations(ctx, target: ModelTarget | None = None, specs: Sequence[InputSpec] = (),
@@ -497,9 +484,9 @@ def _apply(ctx, s: Student) -> str:
     if not ctx.command:
         return (f"from archscan.distill import distill; distill(model, inputs, student={s.id!r}, "
                 f"path='model-student.pt2')")
-    return f"archscan distill {ctx.command} --student {s.id} -o {student_path(ctx.report.model)}"
+    return f"archscan distill {ctx.command} --student {s.id} -o {output_path(ctx.report.model, 'student')}"
 
 
 __all__ = ["DistillResult", "MappingEntry", "PROPOSERS", "StageScore", "Student", "StudentResult", "check",
            "distill", "distill_recommendations", "estimate", "layer_mapping", "module_outputs",
-           "propose", "report_totals", "stage_ranking", "student_path", "student_target"]
+           "propose", "report_totals", "stage_ranking", "student_target"]

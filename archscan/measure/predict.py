@@ -28,6 +28,16 @@ def kernels(node: NodeReport) -> int:
     return sum(1 for op in node.aten_ops if not op.startswith(_NO_KERNEL_PREFIXES))
 
 
+def report_totals(report: Report) -> dict:
+    """A report's params, flops, mac_bytes and kernels, and predicted_ms when a profile predicted it:
+    what transforms and variants of a model are compared by."""
+    out = {"params": report.totals.params, "flops": report.totals.flops, "mac_bytes": report.totals.mac_bytes,
+           "kernels": sum(map(kernels, report.nodes))}
+    if report.latency and report.latency.get("predicted_ms") is not None:
+        out["predicted_ms"] = report.latency["predicted_ms"]
+    return out
+
+
 def predict_node(node: NodeReport, profile: DeviceProfile) -> tuple[float, str]:
     """(predicted ms, bound) for one node."""
     compute = node.flops / profile.flops_for(node.dtype, node.category) * 1e3

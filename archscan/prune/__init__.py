@@ -25,6 +25,7 @@ from ..capture import _capture_context, strip_user_hooks
 from ..errors import ArchscanError, CaptureError
 from ..frames import at, short
 from ..loading import InputSpec, ModelTarget
+from ..measure.predict import report_totals as totals
 from .groups import ChannelGroup, Grouping, find_groups
 from .surgery import apply_cuts
 
@@ -197,16 +198,6 @@ def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> 
             apply_cuts(model, cuts)
             return model
     return ModelTarget(f"{target.name} (pruned)", build, source_file=target.source_file)
-
-
-def totals(report) -> dict:
-    from ..measure.predict import kernels
-
-    out = {"params": report.totals.params, "flops": report.totals.flops, "mac_bytes": report.totals.mac_bytes,
-           "kernels": sum(kernels(n) for n in report.nodes)}
-    if report.latency and report.latency.get("predicted_ms") is not None:
-        out["predicted_ms"] = report.latency["predicted_ms"]
-    return out
 
 
 def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=None,

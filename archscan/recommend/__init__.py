@@ -53,9 +53,9 @@ class Context:
         """The command that folds batch norms and rewrites attention for this model."""
         if not self.command:
             return "archscan.fuse(model, inputs, path='model-fused.pt2')"
-        from ..transform.fuse import default_path
+        from ..transform.fuse import output_path
 
-        return f"archscan fuse {self.command} -o {default_path(self.report.model)}"
+        return f"archscan fuse {self.command} -o {output_path(self.report.model)}"
 
     def scan_command(self, flags: str) -> str:
         """The scan of this model with ``flags`` added."""
@@ -226,6 +226,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
         return []
     from ..errors import ArchscanError
     from ..prune import analyse, params_removed, plan, predict, totals
+    from ..transform.fuse import output_path
 
     try:
         grouping = analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
@@ -261,7 +262,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
                     f"{note}; channels chosen structurally (pass --weights for importance); fine-tune afterwards"),
             estimated_saving=saving, basis=basis,
             apply=(f"archscan prune {ctx.command} --group {group.id} --ratio {PRUNE_RATIO} -o "
-                   f"{_stem(ctx.report.model)}-pruned.pt2" if ctx.command else
+                   f"{output_path(ctx.report.model, 'pruned')}" if ctx.command else
                    f"from archscan.prune import prune; prune(model, inputs, group_ids=[{group.id}], "
                    f"ratio={PRUNE_RATIO}, path='model-pruned.pt2')"),
             findings=tuple({"rule": f.rule, "module": f.module} for f in ctx.report.findings
@@ -279,12 +280,6 @@ def _distill(ctx: Context) -> list[Recommendation]:
     from ..distill import distill_recommendations  # late: keeps importing archscan.recommend light
 
     return distill_recommendations(ctx, ctx.target, ctx.specs, ctx.kwargs, ctx.dtype)
-
-
-def _stem(name: str) -> str:
-    from ..transform.fuse import default_path
-
-    return default_path(name).removesuffix("-fused.pt2")
 
 
 def _from_finding(rule: str, kind: str, apply: str, ms_key: str | None = None) -> Recommender:

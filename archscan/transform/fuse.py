@@ -163,12 +163,11 @@ def save_program(program: torch.export.ExportedProgram, path: str) -> None:
 def program_totals(program: torch.export.ExportedProgram, specs: Sequence[InputSpec]) -> dict:
     """Static totals of an exported program (archscan's own analysis of its graph)."""
     from ..api import scan
-    from ..measure.predict import kernels
+    from ..measure.predict import report_totals
 
     report = scan(ModelTarget("program", None, instance=program.module(), program=True), specs, rules=[],
                   profile=False, recommend=False)
-    return {"params": report.totals.params, "flops": report.totals.flops, "mac_bytes": report.totals.mac_bytes,
-            "kernels": sum(kernels(n) for n in report.nodes),
+    return {**report_totals(report),
             "batch_norms": sum(1 for n in report.nodes if any("batch_norm" in op for op in n.aten_ops))}
 
 
@@ -194,9 +193,10 @@ def _with_latency(result: FuseResult, model: nn.Module, fused: torch.export.Expo
     return dataclasses.replace(result, latency=latency)
 
 
-def default_path(name: str) -> str:
-    """'zoo:resnet50' -> 'resnet50-fused.pt2'; 'models/net.py:Net' -> 'Net-fused.pt2'."""
+def output_path(name: str, kind: str = "fused") -> str:
+    """Where a transform saves by default: ('zoo:resnet50', 'fused') -> 'resnet50-fused.pt2';
+    ('models/net.py:Net', 'pruned') -> 'Net-pruned.pt2'."""
     stem = name.rpartition(":")[2] or name
     stem = os.path.splitext(os.path.basename(stem))[0] or "model"
-    return f"{stem}-fused.pt2"
+    return f"{stem}-{kind}.pt2"
 
