@@ -120,29 +120,21 @@ def fuse_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.fuse/1)")] = False,
 ) -> None:
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
-    if device is not None and not measure:
-        raise ArchscanError("--device only applies to a measurement", hint="add --measure")
-    from .api import input_specs, model_dtype
-    from .loading import parse_input_spec, parse_kwargs, resolve_target
-    from .measure import MeasureOptions, check_options
+    from .api import model_dtype
+    from .loading import parse_input_spec, parse_kwargs
     from .transform import fuse, output_path
 
+    where = _transform_device(measure, device, weights)
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
-    where = check_options(MeasureOptions(device=device))[0] if measure else None
-    if weights is not None and not os.path.isfile(weights):
-        raise ArchscanError(f"no such weights file: {weights}", hint="give a state_dict saved with torch.save(model.state_dict(), path)")
     with _model_output(as_json):
-        target = resolve_target(model)
-        specs = specs or [parse_input_spec(s) for s in target.default_inputs]
-        if not specs:
-            raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
+        target, specs = _target_and_inputs(model, specs, model_type)
         path = output or output_path(model)
         failed = None
         with _status("fusing"):
             try:
-                result = fuse(target, input_specs(specs, model_type), kwargs=constructor_kwargs, dtype=model_type,
+                result = fuse(target, specs, kwargs=constructor_kwargs, dtype=model_type,
                               weights=weights, path=path, attention=attention, rtol=rtol, atol=atol, device=where)
             except VerifyError as exc:  # what was done is shown; nothing was saved
                 result, failed = exc.result, exc
@@ -173,25 +165,18 @@ def prune_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.prune/1, or archscan.groups/1 with --list)")] = False,
 ) -> None:
     """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
-    if device is not None and not measure:
-        raise ArchscanError("--device only applies to a measurement", hint="add --measure")
-    from .api import input_specs, model_dtype
-    from .loading import parse_input_spec, parse_kwargs, resolve_target
-    from .measure import MeasureOptions, check_options
+    from .api import model_dtype
+    from .loading import parse_input_spec, parse_kwargs
     from .prune import kept_channels
 
+    where = _transform_device(measure, device, weights)
     if ratio is not None:
         kept_channels(16, ratio)  # a bad ratio fails before anything is built
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
-    where = check_options(MeasureOptions(device=device))[0] if measure else None
-    if weights is not None and not os.path.isfile(weights):
-        raise ArchscanError(f"no such weights file: {weights}", hint="give a state_dict saved with torch.save(model.state_dict(), path)")
     with _model_output(as_json):
-        target = resolve_target(model)
-        specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or
-                            _no_input(), model_type)
+        target, specs = _target_and_inputs(model, specs, model_type)
         if list_groups:
             from .measure import cached_profile, resolve_device
             from .prune import DEFAULT_RATIOS, group_table
@@ -239,17 +224,16 @@ def distill_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.distill/1)")] = False,
 ) -> None:
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
-    from .api import input_specs, model_dtype
+    from .api import model_dtype
     from .distill import distill
+    from .loading import parse_input_spec, parse_kwargs
     from .transform.fuse import output_path
-    from .loading import parse_input_spec, parse_kwargs, resolve_target
 
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
     with _model_output(as_json):
-        target = resolve_target(model)
-        specs = input_specs(specs or [parse_input_spec(s) for s in target.default_inputs] or _no_input(), model_type)
+        target, specs = _target_and_inputs(model, specs, model_type)
         with _status("distilling"):
             result = distill(target, specs, student=student, path=output or output_path(model, "student"),
                              kwargs=constructor_kwargs, dtype=model_type, train=not eval_mode)
@@ -262,8 +246,30 @@ def distill_cmd(
         typer.echo(distill_text(result, width=terminal_width()))
 
 
-def _no_input():
-    raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
+def _transform_device(measure: bool, device: str | None, weights: str | None):
+    """The options fuse and prune share, checked before the model is built: the device a
+    measurement runs on (None without --measure), and that the weights file is there."""
+    if device is not None and not measure:
+        raise ArchscanError("--device only applies to a measurement", hint="add --measure")
+    if weights is not None and not os.path.isfile(weights):
+        raise ArchscanError(f"no such weights file: {weights}", hint="give a state_dict saved with torch.save(model.state_dict(), path)")
+    if not measure:
+        return None
+    from .measure import MeasureOptions, check_options
+
+    return check_options(MeasureOptions(device=device))[0]
+
+
+def _target_and_inputs(model: str, specs: list, model_type):
+    """The resolved target and its inputs (the --input given, else the target's defaults), in the model's dtype."""
+    from .api import input_specs
+    from .loading import parse_input_spec, resolve_target
+
+    target = resolve_target(model)
+    specs = specs or [parse_input_spec(s) for s in target.default_inputs]
+    if not specs:
+        raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
+    return target, input_specs(specs, model_type)
 
 
 @contextlib.contextmanager
