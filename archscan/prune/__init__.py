@@ -34,6 +34,15 @@ MIN_CHANNELS = 16    # smaller groups are left alone
 DEFAULT_RATIOS = (0.25, 0.5)
 
 
+def fake_model(target: ModelTarget, specs, kwargs=None, dtype=None) -> nn.Module:
+    """The model built once on fake tensors, for the grouping and every cut copy counted after it
+    (``meta_copy``): the user's constructor runs once."""
+    with _capture_context():
+        model = build_fake(target, kwargs or {}, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
+        strip_user_hooks(model)
+    return model
+
+
 def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
             dtype: torch.dtype | None = None, model: nn.Module | None = None) -> Grouping:
     """The model's coupled channel groups, found on fake tensors (no weights, nothing computed).
@@ -143,12 +152,12 @@ def params_removed(group: ChannelGroup, n_cut: int, shapes: dict[str, tuple], bu
 
 
 def cuttable(target: ModelTarget, specs, cuts, kwargs=None, dtype=None,
-             model: nn.Module | None = None) -> tuple[list, dict[int, str]]:
-    """The cuts the model's code accepts, and why each other one does not run: all at once first,
-    else one group at a time (a layer that checks its width, such as nn.MultiheadAttention)."""
+             model: nn.Module | None = None) -> tuple[list, dict[int, str], dict]:
+    """The cuts the model's code accepts, why each other one does not run, and the totals of the
+    model with the accepted cuts: all at once first, else one group at a time (a layer that checks
+    its width, such as nn.MultiheadAttention)."""
     try:
-        predict(target, specs, cuts, kwargs, dtype, model=model)
-        return cuts, {}
+        return cuts, {}, predict(target, specs, cuts, kwargs, dtype, model=model)
     except ArchscanError:
         pass
     ok, refused = [], {}
@@ -158,7 +167,7 @@ def cuttable(target: ModelTarget, specs, cuts, kwargs=None, dtype=None,
             ok.append(cut)
         except ArchscanError as exc:
             refused[cut[0].id] = str(exc)
-    return ok, refused
+    return ok, refused, predict(target, specs, ok, kwargs, dtype, model=model) if ok else {}
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -263,7 +272,8 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
     target = to_target(target)
     specs = input_specs(specs, dtype) if not (isinstance(specs, (list, tuple)) and specs
                                                  and all(isinstance(x, InputSpec) for x in specs)) else list(specs)
-    grouping = analyse(target, specs, kwargs, dtype)
+    fake = fake_model(target, specs, kwargs, dtype)
+    grouping = analyse(target, specs, kwargs, dtype, model=fake)
     with _capture_context():
         model = build_real(target, kwargs or {}, dtype, specs)
         strip_user_hooks(model)
@@ -276,12 +286,14 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
                                 hint="no group can be cut (see `archscan prune MODEL --list`), or the ratio keeps every channel")
         refused: dict[int, str] = {}
         if group_ids is None:  # every group: leave out those the model's code does not accept cut
-            cuts, refused = cuttable(target, specs, cuts, kwargs, dtype)
+            cuts, refused, predicted = cuttable(target, specs, cuts, kwargs, dtype, fake)
             if not cuts:
                 raise ArchscanError("no group can be cut without breaking the model's code: "
                                     + "; ".join(f"group {g}: {why}" for g, why in list(refused.items())[:2]))
-        before_report = scan(target, specs, kwargs=kwargs, dtype=dtype, rules=[], recommend=False, profile=False)
-        predicted = predict(target, specs, cuts, kwargs, dtype)
+        else:
+            predicted = predict(target, specs, cuts, kwargs, dtype, model=fake)
+        before_report = scan(pruned_target(target, [], fake), specs, dtype=dtype, rules=[], recommend=False,
+                             profile=False)
         apply_cuts(model, cuts)
         call = make_call(specs, dtype)
         try:
@@ -314,10 +326,7 @@ def group_table(target: ModelTarget, specs, kwargs=None, dtype=None, ratios: Seq
 
     for r in ratios:
         kept_channels(MIN_CHANNELS, r)
-    with _capture_context():
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
-        strip_user_hooks(model)
+    model = fake_model(target, specs, kwargs, dtype)
     grouping = analyse(target, specs, kwargs, dtype, model=model)
     base = scan(pruned_target(target, [], model), specs, dtype=dtype, rules=[], recommend=False,
                 profile=profile if profile is not None else False)
