@@ -550,7 +550,8 @@ def _h_expand(m: LabelMode, func, args, kwargs, out):
     m.set(out, lab.reshape((1,) * extra + lab.shape) if lab is not None else None)
 
 
-def _h_unsqueeze(m: LabelMode, func, args, kwargs, out):
+def _h_reshape(m: LabelMode, func, args, kwargs, out):
+    """unsqueeze, squeeze, flatten, unflatten: a view of the first argument."""
     _view_like(m, args[0], out)
 
 
@@ -797,19 +798,15 @@ def _h_layer_norm(m: LabelMode, func, args, kwargs, out):
         m.set(o, None)
 
 
-def _h_squeeze(m: LabelMode, func, args, kwargs, out):
-    _view_like(m, args[0], out)
-
 
 _HANDLERS = {
     aten.permute: _h_permute, aten.transpose: _h_transpose, aten.t: _h_transpose, aten.numpy_T: _h_transpose,
-    aten.expand: _h_expand, aten.unsqueeze: _h_unsqueeze, aten.squeeze: _h_squeeze, aten.flatten: _h_squeeze,
-    aten.unflatten: _h_squeeze, aten.slice: _h_slice, aten.select: _h_select, aten.split: _h_split,
+    aten.expand: _h_expand, aten.unsqueeze: _h_reshape, aten.squeeze: _h_reshape, aten.flatten: _h_reshape,
+    aten.unflatten: _h_reshape, aten.slice: _h_slice, aten.select: _h_select, aten.split: _h_split,
     aten.split_with_sizes: _h_split, aten.unbind: _h_unbind, aten.cat: _h_cat, aten.mm: _h_mm, aten.addmm: _h_mm,
     aten.bmm: _h_mm, aten.baddbmm: _h_mm, aten.convolution: _h_convolution, aten.embedding: _h_embedding,
-    aten.native_layer_norm: _h_layer_norm, aten.narrow: None,
+    aten.native_layer_norm: _h_layer_norm,
 }
-_HANDLERS = {k: v for k, v in _HANDLERS.items() if v is not None}
 
 
 # --- from labels to groups -------------------------------------------------------------------------
