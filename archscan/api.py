@@ -205,6 +205,7 @@ def _advise(report: Report, selected: list[str], profile, advise: bool, build=(N
         return report
     ctx = RuleContext(report)
     report = run_rules(report, selected, ctx) if selected else report
+    report = dataclasses.replace(report, blocks=tuple(b.to_json() for b in ctx.blocks))
     target, specs, kwargs, dtype, model = build
     return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
                       model=model) if advise else report

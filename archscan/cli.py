@@ -15,13 +15,14 @@ from typing import Annotated, Optional
 import typer
 
 from .errors import ArchscanError, DeviceError, VerifyError
+from .specs import check_arguments
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="archscan: why a PyTorch model is slow, and what to change.\n\n"
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
-_SUBCOMMANDS = {"scan", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
+_SUBCOMMANDS = {"scan", "compare", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
 
 
 @app.command("scan")
@@ -43,6 +44,8 @@ def scan_cmd(
     rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
     skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
+    report_path: Annotated[Optional[str], typer.Option("--report", help="also write a self-contained HTML report (plots inline) here")] = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
 ) -> None:
     """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, guideline findings."""
     # every option is checked before the model is imported or built: a typo costs no analysis
@@ -53,6 +56,8 @@ def scan_cmd(
     if needs_measure and not measure:
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure")
 
+    check_arguments(model, input, dtype)
+    _analysis_process()
     from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
     from .rules import SEVERITIES, select_rules, worst_severity
@@ -90,6 +95,7 @@ def scan_cmd(
             report, device_error = exc.report, exc  # the measurement failed; the static report stands
     for warning in warnings + list(report.warnings):
         typer.echo(f"archscan: warning: {warning}", err=True)
+    _write_reports(report_path, markdown, report.to_json())
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
@@ -120,6 +126,7 @@ def fuse_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.fuse/1)")] = False,
 ) -> None:
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
+    check_arguments(model, input, dtype)
     from .api import model_dtype
     from .loading import parse_input_spec, parse_kwargs
     from .transform import fuse, output_path
@@ -165,6 +172,8 @@ def prune_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.prune/1, or archscan.groups/1 with --list)")] = False,
 ) -> None:
     """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
+    check_arguments(model, input, None)
+    _analysis_process()
     from .api import model_dtype
     from .loading import parse_input_spec, parse_kwargs
     from .prune import kept_channels
@@ -224,6 +233,8 @@ def distill_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.distill/1)")] = False,
 ) -> None:
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
+    check_arguments(model, input, None)
+    _analysis_process()
     from .api import model_dtype
     from .distill import distill
     from .loading import parse_input_spec, parse_kwargs
@@ -244,6 +255,18 @@ def distill_cmd(
         from .report.text import terminal_width
 
         typer.echo(distill_text(result, width=terminal_width()))
+
+
+_CONSOLE = False  # set by ``entry``: this process is one archscan command, not a library caller's
+
+
+def _analysis_process() -> None:
+    """A command that analyses on fake tensors and compiles nothing: in the console process, keep
+    torch's compiler stack from loading until something uses it (``archscan.nocompile``)."""
+    if _CONSOLE:
+        from . import nocompile
+
+        nocompile.install()
 
 
 def _transform_device(measure: bool, device: str | None, weights: str | None):
@@ -286,6 +309,92 @@ def _csv(text: str | None) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()] if text else []
 
 
+@app.command("compare")
+def compare_cmd(
+    models: Annotated[list[str], typer.Argument(help="models to compare: targets or zoo patterns ('zoo:shufflenet_v2_*'); MODEL@1,3,32,32 gives one its own input")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="an input set for every model (zoo models default to their own); repeat to sweep sets; several inputs of a set joined by ';'")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", help="batch sizes to sweep, e.g. 1,8,32 (replace the first dimension of every input)")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="time each model (one at a time): latency and throughput")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N]; without --measure, whose calibrated profile predicts latency")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU")] = None,
+    sort: Annotated[Optional[str], typer.Option("--sort", help="sort by a column: latency_ms, predicted_ms, throughput, flops, mac_bytes, params, intensity, flops_per_ms, elementwise_mac_share, fragments, findings, model")] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="the model the ratios are against (default: the first)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON (schema archscan.compare/1)")] = False,
+    report: Annotated[Optional[str], typer.Option("--report", help="also write a self-contained HTML report here")] = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
+) -> None:
+    """Compare models side by side: params, FLOPs, MAC, latency, guideline findings, top recommendation."""
+    from .compare import SORT_KEYS, jobs
+
+    if sort is not None and sort not in SORT_KEYS:
+        raise ArchscanError(f"unknown --sort {sort!r}", hint=f"use one of: {', '.join(SORT_KEYS)}")
+    batches = _batches(batch)
+    sets = list(input or [])
+    planned = jobs(models, sets, batches)  # every name and input checked before torch is imported
+    _analysis_process()
+    from .compare import compare
+    from .measure import MeasureOptions, cached_profile, check_options, resolve_device
+
+    options = MeasureOptions(device=device, threads=threads)
+    where = check_options(options)[0] if device is not None or measure else None
+    profile = None
+    if not measure and (where is not None or threads):
+        profile = cached_profile(where or resolve_device(None), threads)[0] or False
+    with _bar(len(planned), "comparing") as advance, _model_output(as_json):
+        started = []
+
+        def progress(model: str, phase: str) -> None:
+            if started:
+                advance()
+            started.append(model)
+
+        result = compare(models, sets, batches, measure=options if measure else None, profile=profile,
+                         baseline=baseline, sort=sort, progress=progress)
+    data = result.to_json()
+    _write_reports(report, markdown, data, result.reports)
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+    else:
+        from .report.compare import compare_text
+        from .report.text import terminal_width
+
+        typer.echo(compare_text(data, terminal_width()))
+    if result.failed:
+        typer.echo(f"archscan: {len(result.failed)} of {len(data['rows'])} models failed", err=True)
+        raise typer.Exit(3)
+
+
+def _batches(text: str | None) -> list[int]:
+    try:
+        sizes = [int(b) for b in _csv(text)]
+    except ValueError:
+        sizes = [0]
+    if any(b < 1 for b in sizes):
+        raise ArchscanError(f"malformed --batch {text!r}", hint="write batch sizes as positive integers: --batch 1,8,32")
+    return sizes
+
+
+def _write_reports(html_path: str | None, markdown_path: str | None, data: dict, reports: list[dict] | None = None) -> None:
+    """The HTML and Markdown reports of one report (``reports`` None) or of a comparison."""
+    for path, kind in ((html_path, "html"), (markdown_path, "markdown")):
+        if path is None:
+            continue
+        if kind == "html":
+            from .report.html import compare_html, report_html
+
+            text = report_html(data) if reports is None else compare_html(data, reports)
+        else:
+            from .report.markdown import compare_markdown, report_markdown
+
+            text = report_markdown(data) if reports is None else compare_markdown(data, reports)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise ArchscanError(f"cannot write {path}: {exc.strerror or exc}", hint="choose a writable path") from exc
+        typer.echo(f"archscan: wrote {path}", err=True)
+
+
 @app.command("zoo")
 def zoo_cmd(
     family: Annotated[Optional[str], typer.Argument(help="only this family (file name, e.g. shufflenetv2)")] = None,
@@ -294,12 +403,11 @@ def zoo_cmd(
     """List the models of archscan's zoo (use them as zoo:NAME)."""
     from tabulate import tabulate
 
-    from . import zoo
+    from .zoo._catalog import catalog
 
-    names = zoo.list_models(family)
-    if not names:
+    entries = sorted((e for e in catalog().values() if family is None or e.family == family), key=lambda e: e.name)
+    if not entries:
         raise ArchscanError(f"no zoo family {family!r}", hint="run `archscan zoo` to list all")
-    entries = [zoo.get_entry(n) for n in names]
     if as_json:
         typer.echo(json.dumps([{"name": e.name, "family": e.family, "input": list(e.default_input), "summary": e.summary}
                                for e in entries], indent=1))
@@ -530,9 +638,12 @@ def entry() -> None:
     """setuptools console-script wrapper. A command is one short-lived process: the cyclic garbage
     collector stays off (it would walk torch's whole object graph on every threshold crossing while
     torch imports), and at exit everything left is frozen so the interpreter's final collection
-    skips it. The library (``archscan.scan``) leaves the caller's GC alone."""
+    skips it. Analysis commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The
+    library (``archscan.scan``) leaves the caller's GC and modules alone."""
     import gc
 
+    global _CONSOLE
+    _CONSOLE = True
     gc.disable()
     code = main()
     gc.freeze()

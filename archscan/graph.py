@@ -56,6 +56,12 @@ class Block:
     elementwise_mac_bytes: int
     elementwise_flops: int
 
+    def to_json(self) -> dict:
+        """The block without its node list (JSON ``blocks``)."""
+        return {"name": self.name, "type": self.type, "kind": self.kind, "nodes": len(self.nodes),
+                "fragments": self.fragments, "series": self.series, "parallel": self.parallel, "flops": self.flops,
+                "mac_bytes": self.mac_bytes, "elementwise_mac_bytes": self.elementwise_mac_bytes}
+
     @property
     def signature(self) -> tuple:
         return (self.type, self.fragments, self.series, self.parallel)

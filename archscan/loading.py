@@ -17,7 +17,6 @@ import contextlib
 import importlib
 import inspect
 import io
-import math
 import os
 import re
 import sys
@@ -30,13 +29,8 @@ import torch.nn as nn
 
 from .errors import ArchscanError, CaptureError
 from .frames import at, exit_error, short
+from .specs import check_target, dtype_key, split_input_spec
 
-_DTYPE_ALIASES = {
-    "fp32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "fp16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bf16": torch.bfloat16, "fp64": torch.float64, "double": torch.float64,
-    "long": torch.int64, "int": torch.int32, "i64": torch.int64, "i32": torch.int32,
-}
 
 
 @dataclass(frozen=True)
@@ -84,59 +78,20 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# dtypes a model input can have: quantized, complex and float8 tensors cannot be made as random
-# example inputs, and models take them through their own conversion code
-_INPUT_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-                 torch.int16, torch.int8, torch.uint8, torch.bool}
-
-
 def parse_dtype(text: str) -> torch.dtype:
     """A dtype by name ('bfloat16', 'bf16', 'int64', ...) that an example input can have."""
-    key = text.strip().lower().removeprefix("torch.")
-    value = _DTYPE_ALIASES.get(key, getattr(torch, key, None))
-    if isinstance(value, torch.dtype) and value in _INPUT_DTYPES:
-        return value
-    what = "not supported for inputs" if isinstance(value, torch.dtype) else "unknown"
-    raise ArchscanError(
-        f"dtype {text!r} is {what}",
-        hint="use float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8 or bool",
-    )
+    return getattr(torch, dtype_key(text, lambda key: isinstance(getattr(torch, key, None), torch.dtype)))
 
 
 def parse_input_spec(text: str) -> InputSpec:
     """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids;
-    'decoder_input_ids=1,16:int64' passes the input to forward by keyword."""
-    raw = text.strip()
-    name, eq, rest = raw.partition("=")
-    name = name.strip()
-    if eq and not name.isidentifier():
-        raise ArchscanError(f"malformed --input {text!r}: {name!r} is not an argument name",
-                            hint="name a forward argument: --input decoder_input_ids=1,16:int64")
-    raw = rest.strip() if eq else raw
-    shape_text, _, dtype_text = raw.partition(":")
-    parts = [p.strip() for p in shape_text.replace("x", ",").split(",") if p.strip()]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        shape = ()
-    if not shape or any(d <= 0 for d in shape):
-        raise ArchscanError(
-            f"malformed --input {text!r}",
-            hint="write a shape as comma-separated positive integers, optionally with a dtype and a "
-            "forward argument name: --input 1,3,224,224, --input 1,128:int64, --input attention_mask=1,128:int64",
-        )
-    dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
-    numel = math.prod(shape)
-    if numel * dtype.itemsize >= 2**63:
-        raise ArchscanError(f"--input {text!r} is too large: {numel:.3g} elements cannot be addressed",
-                            hint="give the shape the model really takes, e.g. --input 1,3,224,224")
-    return InputSpec(shape, dtype, name if eq else None)
+    'decoder_input_ids=1,16:int64' passes the input to forward by keyword (``archscan.specs``)."""
+    shape, dtype, name = split_input_spec(text)
+    return InputSpec(shape, parse_dtype(dtype), name)
 
 
 def _load_program(path: str) -> ModelTarget:
     """An exported program (``torch.export.save``): its module, and its example inputs as defaults."""
-    if not os.path.isfile(path):
-        raise ArchscanError(f"no such file: {path}", hint="give the path of a .pt2 file written by torch.export.save")
     from .recording import quiet  # torch logs a traceback of its own before raising
 
     try:
@@ -254,10 +209,6 @@ def _candidates(namespace: dict[str, Any]) -> list[str]:
 def _load_file(path: str) -> Any:
     """Import a Python file as a module, the way ``python path`` would see it (its own directory on
     ``sys.path``, ``sys.argv == [path]``); source encodings are read as import reads them."""
-    if not os.path.exists(path):
-        raise ArchscanError(f"model file not found: {path}", hint="check the path before ':'")
-    if not os.path.isfile(path):
-        raise ArchscanError(f"not a file: {path}", hint="give the Python file that defines the model before ':'")
     abspath = os.path.abspath(path)
     try:
         with open(abspath, "rb") as fh:
@@ -319,32 +270,15 @@ def _import_module(name: str) -> Any:
 
 def resolve_target(target: str) -> ModelTarget:
     """Turn 'file.py:Net', 'pkg.mod:factory', 'zoo:name' or 'program.pt2' into a ModelTarget."""
+    check_target(target)
     if target.endswith(".pt2") and ":" not in target:
         return _load_program(target)
     if target.startswith("zoo:"):
         from . import zoo
 
-        name = target[4:]
-        try:
-            entry = zoo.get_entry(name)
-        except KeyError:
-            import difflib
-
-            close = difflib.get_close_matches(name, zoo.list_models(), n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else "run `archscan zoo` to list the zoo"
-            raise ArchscanError(f"no zoo model named {name!r}", hint=hint) from None
+        entry = zoo.get_entry(target[4:])
         return ModelTarget(target, entry.factory, default_inputs=entry.default_input)
-    if ":" not in target:
-        raise ArchscanError(
-            f"cannot tell which model {target!r} means",
-            hint="write FILE.py:Name, package.module:factory or zoo:name",
-        )
     where, _, attr = target.rpartition(":")
-    if not where.strip():
-        raise ArchscanError(f"{target!r} names no file or module before ':'",
-                            hint="write FILE.py:Name, package.module:factory or zoo:name")
-    if not attr.strip():
-        raise ArchscanError(f"{target!r} names no model after ':'", hint="write FILE.py:Name with the class or factory")
     if where.endswith(".py") or os.sep in where or os.path.exists(where):
         module = _load_file(where)
         source = os.path.abspath(where)

@@ -144,6 +144,7 @@ class Report:
     host_syncs: tuple[dict, ...] = ()       # {op, source, count}: .tolist()/.item()/bool() the graph does not show
     training: bool = False                  # the module given was in train mode
     warnings: tuple[str, ...] = ()          # what limited the analysis (a damaged device profile, ...)
+    blocks: tuple[dict, ...] = ()           # building blocks and their fragmentation (G3), when rules ran
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -178,6 +179,7 @@ class Report:
             "findings": [asdict(f) for f in self.findings],
             "recommendations": [r.to_json() for r in self.recommendations],
             "warnings": list(self.warnings),
+            "blocks": [dict(b) for b in self.blocks],
         }
         if self.latency is not None:
             out["latency"] = self.latency

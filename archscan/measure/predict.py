@@ -74,7 +74,8 @@ def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     latency = dict(report.latency or {})
     latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
     latency["profile"] = {"device": profile.device, "name": profile.name, "threads": profile.threads,
-                          "created": profile.created}
+                          "created": profile.created, "peak_flops": dict(profile.peak_flops),
+                          "bandwidth": profile.bandwidth, "launch_overhead_ms": profile.launch_overhead_ms}
     measured = latency.get("end_to_end_ms")
     if measured:
         latency["prediction_error"] = latency["predicted_ms"] / measured - 1

@@ -1,0 +1,115 @@
+"""The syntax of ``--input`` and ``--dtype``, checked without importing torch, so a typo on the
+command line costs a tenth of a second, not the two of a torch import. ``archscan.loading``
+turns the checked text into torch dtypes and ``InputSpec``s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable
+
+from .errors import ArchscanError
+
+# dtypes a model input can have: quantized, complex and float8 tensors cannot be made as random
+# example inputs, and models take them through their own conversion code
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+            "uint8": 1, "bool": 1}
+ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "fp16": "float16", "half": "float16",
+           "f16": "float16", "bf16": "bfloat16", "fp64": "float64", "double": "float64", "long": "int64",
+           "int": "int32", "i64": "int64", "i32": "int32", "short": "int16"}
+
+_DTYPE_HINT = "use float32, float16, bfloat16, float64, int64, int32, int16, int8, uint8 or bool"
+
+
+def dtype_key(text: str, is_torch_dtype: Callable[[str], bool] = lambda key: False) -> str:
+    """The canonical name of an input dtype ('bf16' -> 'bfloat16'); an ArchscanError otherwise,
+    saying 'not supported for inputs' for names ``is_torch_dtype`` knows and 'unknown' for the rest."""
+    key = text.strip().lower().removeprefix("torch.")
+    key = ALIASES.get(key, key)
+    if key in INPUT_DTYPES:
+        return key
+    what = "not supported for inputs" if is_torch_dtype(key) else "unknown"
+    raise ArchscanError(f"dtype {text!r} is {what}", hint=_DTYPE_HINT)
+
+
+def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
+    """'1,3,224,224' -> ((1, 3, 224, 224), 'float32', None); '1,128:int64' for token ids;
+    'decoder_input_ids=1,16:int64' passes the input to forward by keyword. Unknown dtype names
+    come back as written, for ``archscan.loading`` to judge."""
+    raw = text.strip()
+    name, eq, rest = raw.partition("=")
+    name = name.strip()
+    if eq and not name.isidentifier():
+        raise ArchscanError(f"malformed --input {text!r}: {name!r} is not an argument name",
+                            hint="name a forward argument: --input decoder_input_ids=1,16:int64")
+    raw = rest.strip() if eq else raw
+    shape_text, _, dtype_text = raw.partition(":")
+    parts = [p.strip() for p in shape_text.replace("x", ",").split(",") if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise ArchscanError(
+            f"malformed --input {text!r}",
+            hint="write a shape as comma-separated positive integers, optionally with a dtype and a "
+            "forward argument name: --input 1,3,224,224, --input 1,128:int64, --input attention_mask=1,128:int64",
+        )
+    dtype = dtype_text.strip() or "float32"
+    key = ALIASES.get(dtype.lower().removeprefix("torch."), dtype.lower().removeprefix("torch."))
+    if key in INPUT_DTYPES:
+        numel = math.prod(shape)
+        if numel * ITEMSIZE[key] >= 2**63:
+            raise ArchscanError(f"--input {text!r} is too large: {numel:.3g} elements cannot be addressed",
+                                hint="give the shape the model really takes, e.g. --input 1,3,224,224")
+        dtype = key
+    return shape, dtype, name if eq else None
+
+
+def check_arguments(target: str, inputs: list[str] | None, dtype: str | None) -> None:
+    """The model argument (``check_target``), every ``--input`` and the ``--dtype`` well formed
+    (dtype names torch may know are left to ``archscan.loading``, which says whether they are
+    unknown or unsupported)."""
+    check_target(target)
+    for text in inputs or []:
+        split_input_spec(text)
+    if dtype is not None:
+        key = dtype.strip().lower().removeprefix("torch.")
+        if ALIASES.get(key, key) not in INPUT_DTYPES and not key.replace("_", "").isalnum():
+            dtype_key(dtype)
+
+
+def check_target(target: str) -> None:
+    """The model argument names something that is there: a .pt2 or .py file that exists, a zoo
+    model, or ``module:name`` (imported later, by ``archscan.loading``)."""
+    if target.endswith(".pt2") and ":" not in target:
+        if not os.path.isfile(target):
+            raise ArchscanError(f"no such file: {target}", hint="give the path of a .pt2 file written by torch.export.save")
+        return
+    if target.startswith("zoo:"):
+        from .zoo._catalog import catalog
+
+        name, names = target[4:], catalog()
+        if name not in names:
+            import difflib
+
+            close = difflib.get_close_matches(name, sorted(names), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "run `archscan zoo` to list the zoo"
+            raise ArchscanError(f"no zoo model named {name!r}", hint=hint)
+        return
+    if ":" not in target:
+        raise ArchscanError(f"cannot tell which model {target!r} means",
+                            hint="write FILE.py:Name, package.module:factory or zoo:name")
+    where, _, attr = target.rpartition(":")
+    if not where.strip():
+        raise ArchscanError(f"{target!r} names no file or module before ':'",
+                            hint="write FILE.py:Name, package.module:factory or zoo:name")
+    if not attr.strip():
+        raise ArchscanError(f"{target!r} names no model after ':'", hint="write FILE.py:Name with the class or factory")
+    if where.endswith(".py") or os.sep in where or os.path.exists(where):
+        if not os.path.exists(where):
+            raise ArchscanError(f"model file not found: {where}", hint="check the path before ':'")
+        if not os.path.isfile(where):
+            raise ArchscanError(f"not a file: {where}", hint="give the Python file that defines the model before ':'")
