@@ -46,7 +46,7 @@ def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
                             hint="name a forward argument: --input decoder_input_ids=1,16:int64")
     raw = rest.strip() if eq else raw
     shape_text, _, dtype_text = raw.partition(":")
-    parts = [p.strip() for p in shape_text.replace("x", ",").split(",") if p.strip()]
+    parts = [p.strip() for p in shape_text.replace("x", ",").split(",")]
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
