@@ -16,7 +16,7 @@ package in ``sys.modules``. The stand-in has the real ``config`` and a ``disable
 shim: while dynamo is not loaded nothing can be compiling, so "disable dynamo" has nothing to
 disable and the shim calls ``fn`` itself; once dynamo is loaded the shim swaps in the real
 ``torch._dynamo.disable(fn)``. Any other use of the stand-in (``torch.compile``, ``torch.export``,
-``import torch._dynamo.utils``...) loads the real package in its place, so everything after
+``from torch._dynamo.source import ...``) loads the real package in its place, so everything after
 that runs as it always did: the stand-in is a delay, not a replacement.
 
 It touches torch internals, so it checks them first and does nothing (today's path, same
@@ -28,6 +28,7 @@ it was.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
 import os
@@ -88,13 +89,12 @@ def install() -> bool:
     standin = _Standin(config)
     sys.modules[_NAME] = standin
     torch._dynamo = standin
+    sys.meta_path.insert(0, _FINDER)
     return True
 
 
 def _real() -> types.ModuleType:
-    """The real ``torch._dynamo``, loaded in place of the stand-in when it is still there. Dynamo
-    submodules imported meanwhile (through the stand-in's ``__path__``) are reused, not loaded
-    twice, and stay attributes of the package."""
+    """The real ``torch._dynamo``, loaded in place of the stand-in when it is still there."""
     module = sys.modules.get(_NAME)
     if not isinstance(module, _Standin):
         return module if module is not None else importlib.import_module(_NAME)
@@ -105,17 +105,49 @@ def _real() -> types.ModuleType:
     except BaseException:
         sys.modules[_NAME] = standin
         raise
-    for name, value in vars(standin).items():
-        if isinstance(value, types.ModuleType) and value.__name__ == f"{_NAME}.{name}" and not hasattr(module, name):
-            setattr(module, name, value)
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
     return module
+
+
+class _SubmoduleFinder(importlib.abc.MetaPathFinder):
+    """Runs the real package's ``__init__`` before any of its submodules loads, as Python does for
+    a real package (``from torch._dynamo.source import ...`` in torch's fake-tensor code loads
+    ``torch._dynamo`` first; loading ``source`` under the stand-in would start dynamo's circular
+    imports in the wrong order)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if not fullname.startswith(f"{_NAME}.") or not installed():
+            return None
+        _real()
+        module = sys.modules.pop(fullname, None)
+        if module is None:
+            return None  # the package does not import it: the path finder loads it as usual
+        # the import under way must not load it a second time: hand it the module the package loaded
+        return importlib.util.spec_from_loader(fullname, _Loaded(module))
+
+
+class _Loaded(importlib.abc.Loader):
+    """A loader for a module that is already loaded (it keeps its own ``__spec__``)."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self.spec
+
+
+_FINDER = _SubmoduleFinder()
 
 
 class _Standin(types.ModuleType):
     """``torch._dynamo`` until something needs more than its config and ``disable``: any other
-    attribute loads the real package. Dunder lookups (``inspect.getmodule`` asks every module for
-    ``__file__``) do not; ``__path__`` is the real one, so ``import torch._dynamo.exc`` loads that
-    one submodule, as the real package would."""
+    attribute loads the real package, and so does importing any submodule but ``config``
+    (``_SubmoduleFinder``). Dunder lookups (``inspect.getmodule`` asks every module for
+    ``__file__``) do not."""
 
     def __init__(self, config: types.ModuleType) -> None:
         super().__init__(_NAME, "stands in for torch._dynamo until it is used (archscan.nocompile)")

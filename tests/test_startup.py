@@ -66,7 +66,7 @@ def test_totals_identical_without_dynamo():
 
 def test_standin_gives_way_to_real_dynamo():
     """After install, anything that uses dynamo gets the real package: the same config module,
-    disable() wrappers that defer to it, submodules loaded once, and torch.compile works."""
+    disable() wrappers that defer to it, and torch.compile works."""
     _python("""
 import sys, torch
 from archscan import nocompile
@@ -76,16 +76,42 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 with FakeTensorMode():
     x = torch.randn(2, 3).reshape(3, 2)
 assert nocompile.installed()
-import torch._dynamo.exc  # a submodule through the stand-in's __path__: loaded once
-exc_module = sys.modules["torch._dynamo.exc"]
 assert torch._dynamo.reset is not None  # anything else loads the real package
-assert not nocompile.installed()
+assert not nocompile.installed() and nocompile._FINDER not in sys.meta_path
 assert torch._dynamo.config is config and sys.modules["torch._dynamo.config"] is config
-assert sys.modules["torch._dynamo.exc"] is exc_module and torch._dynamo.exc is exc_module
 f = torch.compile(lambda a: a * 2 + 1, backend="eager")
 assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
 with FakeTensorMode():  # the deferred disable() wrappers now use dynamo's own
     torch.randn(2, 3).reshape(3, 2)
+""")
+
+
+def test_submodule_import_loads_the_package_first():
+    """``from torch._dynamo.source import ...`` (torch's fake-tensor code does this when it fakes a
+    real tensor, e.g. in torch.export) runs the package's __init__ first, as Python does, so
+    dynamo's circular imports resolve in their own order; each submodule is loaded once."""
+    _python("""
+import sys, torch
+from archscan import nocompile
+assert nocompile.install()
+from torch._dynamo.source import ConstantSource
+assert not nocompile.installed()
+source = sys.modules["torch._dynamo.source"]
+assert torch._dynamo.source is source and source.ConstantSource is ConstantSource
+assert source.__spec__.name == "torch._dynamo.source" and source.__spec__.origin.endswith("source.py")
+import torch._dynamo.source as again
+assert again is source
+m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+ep = torch.export.export(m, (torch.randn(1, 3, 8, 8),))
+assert torch.allclose(ep.module()(torch.ones(1, 3, 8, 8)), m(torch.ones(1, 3, 8, 8)))
+""")
+    _python("""
+import torch
+from archscan import nocompile
+assert nocompile.install()
+m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+torch.export.export(m, (torch.randn(1, 3, 8, 8),))  # what verifying a fusion does
+assert not nocompile.installed()
 """)
 
 
