@@ -33,14 +33,10 @@ from typing import Any, Callable
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 
+from ..categories import CATEGORIES
+
 aten = torch.ops.aten
 
-# Categories, most specific first: a node made of several ops takes the first one it has.
-CATEGORIES = (
-    "attention", "rnn", "conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "embedding",
-    "norm", "pooling", "activation", "elementwise", "reduction", "host_sync", "data_movement",
-    "factory", "view", "other",
-)
 
 FlopFormula = Callable[..., int]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
 import os
 import sys
 from dataclasses import dataclass
@@ -207,6 +208,7 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=N
     batch = specs[0].shape[0] if specs and specs[0].shape else 1
     latency = {
         "device": str(device), "device_name": device_name(device),
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "amp": options.amp, "channels_last": options.channels_last,
         "cudnn_benchmark": device.type == "cuda", "inference_mode": True,

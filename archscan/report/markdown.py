@@ -1,0 +1,190 @@
+"""Markdown reports (GitHub-flavoured tables): for a pull request, a wiki page or a review.
+
+Pure functions over the JSON dicts (``archscan.report/1``, ``archscan.compare/1``). Counts are the
+JSON's exact integers (with thousands separators: ``2,278,604``), times are milliseconds to three
+decimals, so every number can be checked against the JSON (``tests/test_reports.py`` does).
+"""
+
+from __future__ import annotations
+
+from ..compare import GUIDELINES
+from .text import fmt_recommendation_saving, fmt_saving
+
+
+def report_markdown(report: dict, depth: int = 2) -> str:
+    """One model: summary, modules to ``depth``, latency, findings, recommendations, blocks."""
+    parts = [f"# archscan: `{report['model']}`", "", *_summary(report), ""]
+    parts += ["## Modules", "", *_modules(report, depth), ""]
+    parts += ["## Latency", "", *_latency(report), ""]
+    parts += ["## Findings", "", *_findings(report), ""]
+    parts += ["## Recommendations", "", *_recommendations(report), ""]
+    parts += ["## Blocks (G3)", "", *_blocks(report)]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def compare_markdown(comparison: dict, reports: list[dict]) -> str:
+    """A comparison: the table (ratios against the baseline), failures, then each model's summary."""
+    rows = comparison["rows"]
+    parts = [f"# archscan compare: {len(rows)} models", ""]
+    parts += [f"- baseline: `{comparison.get('baseline') or '-'}`"]
+    if comparison.get("device"):
+        parts += [f"- device: {_cell(comparison['device'])}"]
+    parts += ["", *_compare_table(comparison), ""]
+    for r in rows:
+        if "error" in r:
+            parts += [f"- `{r['model']}` failed: {_cell(r['error'])}"]
+    by_model = {rep["model"]: rep for rep in reports}
+    for r in rows:
+        rep = by_model.get(r["model"])
+        if rep is not None:
+            parts += ["", f"## `{r['model']}`", "", *_summary(rep)]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _cell(text) -> str:
+    """Text safe inside a table cell: no pipe, no line break."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _int(n) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _table(headers: list[str], rows: list[list[str]], right: range = range(0)) -> list[str]:
+    """A GFM table; the columns in ``right`` (numbers) are right-aligned."""
+    align = ["---:" if i in right else "---" for i in range(len(headers))]
+    return ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"] + [
+        "| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _input(i: dict) -> str:
+    return f"{i['name'] + '=' if i.get('name') else ''}{'x'.join(map(str, i['shape']))} {i['dtype']}"
+
+
+def _summary(report: dict) -> list[str]:
+    t = report["totals"]
+    rows = [["input", _cell(", ".join(_input(i) for i in report["inputs"]))],
+            ["capture", f"{report['capture']}, dtype {report['dtype']}"],
+            ["params", f"{_int(t['params'])} ({_int(t['param_bytes'])} bytes)"
+             + (f", {_int(t['unused_params'])} never used in forward" if t.get("unused_params") else "")],
+            ["FLOPs (multiply-adds)", _int(t["flops"])],
+            ["MAC (bytes moved)", f"{_int(t['mac_bytes'])} ({_int(t['read_bytes'])} read, {_int(t['write_bytes'])} "
+                                  f"written, {_int(t['weight_bytes'])} weights)"],
+            ["elem ops", _int(t["elem_ops"])],
+            ["intensity (FLOPs/B)", f"{t['arithmetic_intensity']:.2f}"]]
+    lat = report.get("latency") or {}
+    if lat.get("end_to_end_ms") is not None:
+        rows.append(["latency ms", f"{_ms(lat['end_to_end_ms'])} end to end on {_cell(lat['device_name'])} "
+                                   f"({lat['device']}), median of {lat['end_to_end']['repeats']}"
+                     + (f", measured {lat['measured_at']}" if lat.get("measured_at") else "")])
+        if lat.get("throughput_per_s"):
+            rows.append(["throughput /s", f"{lat['throughput_per_s']:.1f}"])
+    if lat.get("predicted_ms") is not None:
+        prof = lat["profile"]
+        rows.append(["predicted ms", f"{_ms(lat['predicted_ms'])} (roofline of {_cell(prof['name'])}, calibrated "
+                                     f"{prof['created'][:10]})"])
+    counts: dict[str, int] = {}
+    for f in report["findings"]:
+        counts[f["rule"]] = counts.get(f["rule"], 0) + 1
+    rows.append(["findings", ", ".join(f"{rule} {n}" for rule, n in counts.items()) or "none"])
+    if report["recommendations"]:
+        top = report["recommendations"][0]
+        rows.append(["first step", _cell(f"{top['kind']}: {top['reason']}")])
+    rows += [["warning", _cell(w)] for w in report.get("warnings", [])]
+    return _table(["", ""], rows)
+
+
+def _modules(report: dict, depth: int) -> list[str]:
+    timed = any(m.get("latency_ms") is not None for m in report["modules"])
+    headers = ["module", "type", "params", "FLOPs", "MAC bytes"] + (["ms"] if timed else []) + ["out shape"]
+    rows = []
+    for m in report["modules"]:
+        if m["depth"] > depth:
+            continue
+        name = ("&nbsp;&nbsp;" * m["depth"]) + f"`{m['path']}`" if m["path"] else f"**`{report['model']}`**"
+        cells = [name, m["type"], _int(m["params"]), _int(m["flops"]), _int(m["mac_bytes"])]
+        cells += [_ms(m.get("latency_ms"))] if timed else []
+        shape = m.get("out_shape") or []
+        cells += [_cell(", ".join("x".join(map(str, s)) for s in shape) if shape and isinstance(shape[0], list)
+                        else "x".join(map(str, shape)) or "-")]
+        rows.append(cells)
+    return _table(headers, rows, range(2, len(headers) - 1))
+
+
+def _latency(report: dict, limit: int = 10) -> list[str]:
+    lat = report.get("latency") or {}
+    if not lat:
+        return ["No latency: add `--measure`, or run `archscan calibrate` once for predictions."]
+    lines = []
+    if lat.get("per_layer_sum_ms") is not None:
+        lines += [f"Per layer {_ms(lat['per_layer_sum_ms'])} ms over {lat['timed_nodes']} nodes; gap "
+                  f"{lat['gap_ms']:+.3f} ms: {lat['gap_explained']}.", ""]
+    timed = any(n.get("latency_ms") for n in report["nodes"])
+    key = "latency_ms" if timed else "predicted_ms"
+    nodes = sorted((n for n in report["nodes"] if n.get(key)), key=lambda n: -n[key])[:limit]
+    headers = ["node", "module", "category", "ms" if timed else "predicted ms"] + (["predicted ms"] if timed else [])
+    rows = [[f"`{n['name']}`", f"`{n.get('module') or ''}`", n["category"], _ms(n[key])]
+            + ([_ms(n.get("predicted_ms"))] if timed else []) for n in nodes]
+    return lines + [f"The {len(nodes)} slowest nodes:", ""] + _table(headers, rows, range(3, len(headers)))
+
+
+def _findings(report: dict) -> list[str]:
+    if not report["findings"]:
+        return ["None."]
+    rows = [[f["severity"], f["rule"], _cell(f"`{f.get('module') or '(model)'}`"), _cell(f["message"]),
+             _cell(fmt_saving(f.get("saving") or {})), _cell(f.get("fix") or "")] for f in report["findings"]]
+    return _table(["severity", "rule", "where", "finding", "saving", "fix"], rows)
+
+
+def _recommendations(report: dict) -> list[str]:
+    if not report["recommendations"]:
+        return ["None."]
+    lines = []
+    for i, r in enumerate(report["recommendations"], 1):
+        saving = fmt_recommendation_saving(r.get("estimated_saving") or {})
+        says = f"saves {saving} ({r['basis']}{'; verified' if r.get('verified') else ''})" if saving else "saving not estimated"
+        lines += [f"{i}. **{r['kind']}**: {says}. {r['reason']}", f"   `{r['apply']}`"]
+    return lines
+
+
+def _blocks(report: dict) -> list[str]:
+    blocks = report.get("blocks") or []
+    if not blocks:
+        return ["None."]
+    rows = [[f"`{b['name']}`", b["type"], b["kind"], str(b["nodes"]), str(b["fragments"]), str(b["series"]),
+             str(b["parallel"]), _int(b["flops"]), _int(b["mac_bytes"]), _int(b["elementwise_mac_bytes"])] for b in blocks]
+    return _table(["block", "type", "kind", "nodes", "fragments", "series", "parallel", "FLOPs", "MAC bytes",
+                   "element-wise bytes"], rows, range(3, 10))
+
+
+def _compare_table(comparison: dict) -> list[str]:
+    rows = comparison["rows"]
+    predicted = any("predicted_ms" in r for r in rows)
+    timed = any("latency_ms" in r for r in rows)
+    headers = ["model", "params", "FLOPs", "MAC bytes", "FLOPs/B"]
+    headers += ["predicted ms"] if predicted else []
+    headers += ["ms", "per s"] if timed else []
+    headers += ["element-wise MAC", "fragments", *GUIDELINES, "other", "x FLOPs", "x MAC"]
+    headers += ["top recommendation"]
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append([f"`{r['model']}`", "failed"] + [""] * (len(headers) - 2))
+            continue
+        ratios = r.get("ratios", {})
+        cells = [f"`{r['model']}`", _int(r["params"]), _int(r["flops"]), _int(r["mac_bytes"]), f"{r['intensity']:.2f}"]
+        cells += [_ms(r.get("predicted_ms"))] if predicted else []
+        cells += [_ms(r.get("latency_ms")), f"{r['throughput']:.1f}" if r.get("throughput") else "-"] if timed else []
+        other = sum(v for k, v in r["findings"].items() if k not in GUIDELINES)
+        cells += [f"{100 * r['elementwise_mac_share']:.1f}%", str(r["fragments"]),
+                  *(str(r["findings"].get(g, 0)) for g in GUIDELINES), str(other),
+                  f"{ratios['flops']:.2f}" if "flops" in ratios else "-",
+                  f"{ratios['mac_bytes']:.2f}" if "mac_bytes" in ratios else "-"]
+        top = r.get("top_recommendation")
+        cells += [_cell(f"{top['kind']}: {top['reason']}") if top else "-"]
+        out.append(cells)
+    return _table(headers, out, range(1, len(headers) - 1))
