@@ -57,6 +57,7 @@ def scan_cmd(
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure")
 
     check_arguments(model, input, dtype)
+    _check_report_paths(report_path, markdown)
     _analysis_process()
     from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
@@ -329,6 +330,7 @@ def compare_cmd(
     if sort is not None and sort not in SORT_KEYS:
         raise ArchscanError(f"unknown --sort {sort!r}", hint=f"use one of: {', '.join(SORT_KEYS)}")
     batches = _batches(batch)
+    _check_report_paths(report, markdown)
     sets = list(input or [])
     planned = jobs(models, sets, batches)  # every name and input checked before torch is imported
     _analysis_process()
@@ -372,6 +374,23 @@ def _batches(text: str | None) -> list[int]:
     if any(b < 1 for b in sizes):
         raise ArchscanError(f"malformed --batch {text!r}", hint="write batch sizes as positive integers: --batch 1,8,32")
     return sizes
+
+
+def _check_report_paths(html_path: str | None, markdown_path: str | None) -> None:
+    """Before any analysis: the report files can be written, and matplotlib is there for the HTML plots."""
+    for path, flag in ((html_path, "--report"), (markdown_path, "--markdown")):
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            why = "is a directory" if os.path.isdir(path) else f"{folder} is not a writable directory"
+            raise ArchscanError(f"cannot write {flag} {path}: {why}", hint="give a file path in a writable directory")
+    if html_path is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ArchscanError("--report draws its plots with matplotlib, which is not installed",
+                                hint="pip install matplotlib (or pip install 'archscan[plots]')")
 
 
 def _write_reports(html_path: str | None, markdown_path: str | None, data: dict, reports: list[dict] | None = None) -> None:
