@@ -597,7 +597,11 @@ def main(argv: list[str] | None = None) -> int:
         rc = _INTERRUPTED
     except typer.Exit as exc:
         rc = exc.exit_code
+    except BrokenPipeError:
+        return _reader_gone()
     except SystemExit as exc:  # only model code exits: archscan and typer do not
+        if isinstance(exc.__context__, BrokenPipeError):  # rich exits so when the reader is gone
+            return _reader_gone()
         from .frames import exit_error
 
         return _report(exit_error(exc, "running the model"), debug)
@@ -611,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _INTERRUPTED = 130
+_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` returns when its reader is gone
 
 
 def _report(exc: ArchscanError, debug: bool) -> int:
@@ -651,6 +656,17 @@ def _unforeseen(exc: Exception) -> ArchscanError:
                               hint="a bug in archscan: run with --debug for the traceback and report it")
     error.__cause__ = exc
     return error
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``archscan ... | head``): stop quietly, as a process killed by
+    SIGPIPE would, and point stdout at /dev/null so that the final flush does not fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (a test's capture)
+        pass
+    return _BROKEN_PIPE
 
 
 def entry() -> None:

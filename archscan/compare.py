@@ -52,14 +52,17 @@ class Comparison:
     baseline: str | None = None
     sort: str | None = None
     device: str | None = None
+    measured_at: str | None = None   # when the first model was timed (UTC, ISO 8601)
 
     @property
     def failed(self) -> list[dict]:
         return [r for r in self.rows if "error" in r]
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, "baseline": self.baseline, "sort": self.sort, "device": self.device,
-                "rows": self.rows}
+        out = {"schema": SCHEMA, "baseline": self.baseline, "sort": self.sort, "device": self.device}
+        if self.measured_at:
+            out["measured_at"] = self.measured_at
+        return {**out, "rows": self.rows}
 
 
 def expand(targets: Sequence[str]) -> list[str]:
@@ -235,9 +238,19 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
     sort_rows(rows, sort)
     order = {r["model"]: i for i, r in enumerate(rows)}
     reports.sort(key=lambda rep: order.get(rep["model"], len(order)))
-    device = next((rep["latency"].get("device") or (rep["latency"].get("profile") or {}).get("name")
-                   for rep in reports if rep.get("latency")), None)
-    return Comparison(rows, reports, base, sort, device)
+    device = next((_device(rep["latency"]) for rep in reports if rep.get("latency")), None)
+    measured_at = next((rep["latency"]["measured_at"] for rep in reports if (rep.get("latency") or {}).get("measured_at")), None)
+    return Comparison(rows, reports, base, sort, device, measured_at)
+
+
+def _device(latency: dict) -> str:
+    """Where the times come from: 'Intel(R) Xeon(R) Processor (cpu, 2 threads)' when measured,
+    the profile's device name when predicted."""
+    if latency.get("device_name"):
+        threads = f", {latency['threads']} threads" if latency.get("threads") else ""
+        return f"{latency['device_name']} ({latency['device']}{threads})"
+    profile = latency.get("profile") or {}
+    return f"{profile.get('name')} ({profile.get('device')})" if profile else None
 
 
 def _error_text(exc: BaseException) -> str:

@@ -1,5 +1,6 @@
 """The command line: the main job, JSON, the zoo list, and bad input as one clear line."""
 
+import os
 import json
 
 import pytest
@@ -245,3 +246,15 @@ def test_wrong_number_of_inputs(capsys, toy, target, inputs, needle):
 def test_float_token_ids_get_a_hint(capsys, toy):
     code, _, err = run(capsys, f"{toy}:Tokens", "--input", "1,12")
     assert_one_line_error(code, err, "'emb'", "--input 1,128:int64")
+
+
+def test_reader_gone_is_quiet():
+    """`archscan ... | head -1`: no traceback, no 'the model called sys.exit', exit 141 as `cat` does."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "archscan.cli", "compare", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "80"})
+    proc.stdout.close()  # before the child writes (it is still importing): its first write finds no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""

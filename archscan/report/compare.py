@@ -50,7 +50,8 @@ def compare_text(comparison: dict, width: int = 100) -> str:
              else "no latency: run `archscan calibrate` for predictions, or add --measure")
     notes = [("baseline", comparison.get("baseline") or "-"), ("time", basis)]
     if comparison.get("device"):
-        notes.append(("device", comparison["device"]))
+        notes.append(("device", comparison["device"] + (f", measured {comparison['measured_at']}"
+                                                        if comparison.get("measured_at") else "")))
     notes += [(r["model"], f"{r['top_recommendation']['kind']}: {r['top_recommendation']['reason']}")
               for r in rows if r.get("top_recommendation")]
     notes += [(r["model"], f"failed: {r['error']}") for r in rows if "error" in r]

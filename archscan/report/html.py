@@ -21,7 +21,8 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1b1f24;background:#fff}
 header{background:#24292f;color:#fff;padding:14px 28px}header h1{margin:0;font-size:20px}
 header p{margin:4px 0 0;color:#c9d1d9;font-size:13px}
-nav{display:flex;flex-wrap:wrap;gap:2px 16px;padding:8px 28px;border-bottom:1px solid #d0d7de;position:sticky;top:0;background:#f6f8fa;z-index:1}
+nav{display:flex;flex-wrap:wrap;gap:2px 16px;padding:8px 28px;border-bottom:1px solid #d0d7de;background:#f6f8fa}
+nav.sticky{position:sticky;top:0;z-index:1}
 nav a{color:#0969da;text-decoration:none;white-space:nowrap}
 main{padding:0 28px 40px;max-width:1200px}
 section{margin-top:26px}h2{font-size:17px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
@@ -74,12 +75,13 @@ def compare_html(comparison: dict, reports: list[dict]) -> str:
 # --- page ----------------------------------------------------------------------------------------
 
 def _page(title: str, subtitle: str, sections: list[tuple[str, str, str]]) -> str:
-    nav = "".join(f'<a href="#{sid}">{heading}</a>' for sid, heading, _ in sections)
+    links = "".join(f'<a href="#{sid}">{heading}</a>' for sid, heading, _ in sections)
+    nav = f'<nav class="sticky">{links}</nav>' if len(sections) <= 9 else f"<nav>{links}</nav>"  # a long one would cover the page
     body = "\n".join(f'<section id="{sid}">\n<h2>{heading}</h2>\n{content}\n</section>' for sid, heading, content in sections)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            f"<header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p></header>\n<nav>{nav}</nav>\n"
+            f"<header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p></header>\n{nav}\n"
             f"<main>\n{body}\n</main>\n"
             f'<footer class="note" style="padding:0 28px 20px">archscan {escape(__version__)}</footer>\n'
             "</body>\n</html>\n")
@@ -343,6 +345,8 @@ def _compare_summary(comparison: dict) -> str:
              ("time", escape(_basis(comparison)[1]))]
     if comparison.get("device"):
         items.append(("device", escape(comparison["device"])))
+    if comparison.get("measured_at"):
+        items.append(("measured", escape(comparison["measured_at"])))
     if comparison.get("sort"):
         items.append(("sorted by", escape(comparison["sort"])))
     for r in failed:

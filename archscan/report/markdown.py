@@ -29,7 +29,13 @@ def compare_markdown(comparison: dict, reports: list[dict]) -> str:
     parts += [f"- baseline: `{comparison.get('baseline') or '-'}`"]
     if comparison.get("device"):
         parts += [f"- device: {_cell(comparison['device'])}"]
+    if comparison.get("measured_at"):
+        parts += [f"- measured: {comparison['measured_at']}"]
     parts += ["", *_compare_table(comparison), ""]
+    tops = [r for r in rows if r.get("top_recommendation")]
+    if tops:
+        parts += ["Top recommendations:", ""] + [f"- `{r['model']}`: {_cell(r['top_recommendation']['reason'])}"
+                                                 for r in tops] + [""]
     for r in rows:
         if "error" in r:
             parts += [f"- `{r['model']}` failed: {_cell(r['error'])}"]
@@ -185,6 +191,7 @@ def _compare_table(comparison: dict) -> list[str]:
                   f"{ratios['flops']:.2f}" if "flops" in ratios else "-",
                   f"{ratios['mac_bytes']:.2f}" if "mac_bytes" in ratios else "-"]
         top = r.get("top_recommendation")
-        cells += [_cell(f"{top['kind']}: {top['reason']}") if top else "-"]
+        saving = fmt_recommendation_saving(top.get("estimated_saving") or {}) if top else ""
+        cells += [(top["kind"] + (f": saves {saving}" if saving else "")) if top else "-"]
         out.append(cells)
     return _table(headers, out, range(1, len(headers) - 1))
