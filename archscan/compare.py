@@ -151,6 +151,13 @@ def row(report, job: Job) -> dict:
     return out
 
 
+def time_columns(rows: list[dict]) -> tuple[bool, bool, str | None]:
+    """Which time columns a table of ``rows`` has: (predicted, measured, the key its time ratio uses)."""
+    predicted = any("predicted_ms" in r for r in rows)
+    timed = any("latency_ms" in r for r in rows)
+    return predicted, timed, "latency_ms" if timed else "predicted_ms" if predicted else None
+
+
 def _rule_counts(report) -> dict[str, int]:
     counts = {rule: 0 for rule in GUIDELINES}
     for f in report.findings:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..compare import GUIDELINES
+from ..compare import GUIDELINES, time_columns
 from .text import fmt_bytes, fmt_count, label_lines
 
 
@@ -20,14 +20,12 @@ def _ratio(r: dict, key: str) -> str:
 def compare_text(comparison: dict, width: int = 100) -> str:
     """The table, then each failed model's error and each model's top recommendation."""
     rows = comparison["rows"]
-    timed = any("latency_ms" in r for r in rows)
-    predicted = any("predicted_ms" in r for r in rows)
+    predicted, timed, time_key = time_columns(rows)
     headers = ["model", "params", "FLOPs", "MAC", "FLOPs/B"]
     headers += ["pred ms"] if predicted else []
     headers += ["ms", "per s"] if timed else []
     headers += ["FLOPs/ms"] if timed or predicted else []
     headers += ["elem MAC", "frags", *GUIDELINES, "other", "x FLOPs", "x MAC"]
-    time_key = "latency_ms" if timed else "predicted_ms" if predicted else None
     headers += [f"x {'ms' if timed else 'pred'}"] if time_key else []
     table = []
     for r in rows:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 
 from .. import __version__
-from ..compare import GUIDELINES
+from ..compare import GUIDELINES, time_columns
 from . import plots
 from .text import fmt_bytes, fmt_count, fmt_recommendation_saving, fmt_saving
 
@@ -329,12 +329,9 @@ def _top_findings(report: dict, limit: int = 5) -> str:
 # --- comparison ----------------------------------------------------------------------------------
 
 def _basis(comparison: dict) -> tuple[str | None, str]:
-    rows = [r for r in comparison["rows"] if "error" not in r]
-    if any("latency_ms" in r for r in rows):
-        return "latency_ms", "measured latency"
-    if any("predicted_ms" in r for r in rows):
-        return "predicted_ms", "predicted latency (calibrated roofline)"
-    return None, "no latency: run `archscan calibrate` for predictions, or add --measure"
+    key = time_columns(comparison["rows"])[2]
+    return key, {"latency_ms": "measured latency", "predicted_ms": "predicted latency (calibrated roofline)",
+                 None: "no latency: run `archscan calibrate` for predictions, or add --measure"}[key]
 
 
 def _compare_summary(comparison: dict) -> str:
@@ -356,9 +353,7 @@ def _compare_summary(comparison: dict) -> str:
 
 def _compare_table(comparison: dict) -> str:
     rows = comparison["rows"]
-    key, _ = _basis(comparison)
-    predicted = any("predicted_ms" in r for r in rows)
-    timed = any("latency_ms" in r for r in rows)
+    predicted, timed, key = time_columns(rows)
     headers = ["model", "params", "FLOPs", "MAC", "FLOPs/B"]
     headers += ["predicted ms"] if predicted else []
     headers += ["ms", "per s"] if timed else []

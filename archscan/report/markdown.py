@@ -7,7 +7,7 @@ decimals, so every number can be checked against the JSON (``tests/test_reports.
 
 from __future__ import annotations
 
-from ..compare import GUIDELINES
+from ..compare import GUIDELINES, time_columns
 from .text import fmt_recommendation_saving, fmt_saving
 
 
@@ -169,8 +169,7 @@ def _blocks(report: dict) -> list[str]:
 
 def _compare_table(comparison: dict) -> list[str]:
     rows = comparison["rows"]
-    predicted = any("predicted_ms" in r for r in rows)
-    timed = any("latency_ms" in r for r in rows)
+    predicted, timed, _ = time_columns(rows)
     headers = ["model", "params", "FLOPs", "MAC bytes", "FLOPs/B"]
     headers += ["predicted ms"] if predicted else []
     headers += ["ms", "per s"] if timed else []
