@@ -345,9 +345,8 @@ def compare_cmd(
     with _bar(len(planned), "comparing") as advance, _model_output(as_json):
         started = []
 
-        def progress(model: str, phase: str) -> None:
-            if started:
-                advance()
+        def progress(model: str, phase: str) -> None:  # called as each model starts
+            advance(1 if started else 0, f"{model}: {phase}")
             started.append(model)
 
         result = compare(models, sets, batches, measure=options if measure else None, profile=profile,

@@ -102,17 +102,18 @@ def _clone_unless_param(t: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool, label: str):
-    """A rich progress bar on stderr (shown when stderr is a terminal)."""
+    """A rich progress bar on stderr (shown when stderr is a terminal). It yields ``advance(steps=1,
+    doing=None)``: ``doing`` replaces the text beside the bar (compare: the model and its phase)."""
     if not enabled or not sys.stderr.isatty():
-        yield lambda: None
+        yield lambda steps=1, doing=None: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+        yield lambda steps=1, doing=None: bar.update(task, advance=steps, description=doing or label)
 
 
 def check_options(options: MeasureOptions) -> tuple[torch.device, torch.dtype | None]:
