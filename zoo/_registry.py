@@ -15,15 +15,13 @@ from typing import Callable
 
 import torch.nn as nn
 
+from ._catalog import CatalogEntry
+
 
 @dataclass(frozen=True)
-class ZooEntry:
-    """One registered model: its factory, family and the input it is meant for."""
+class ZooEntry(CatalogEntry):
+    """One registered model: what ``archscan zoo`` shows of it, and its factory."""
 
-    name: str
-    family: str
-    default_input: tuple[str, ...]
-    summary: str
     factory: Callable[..., nn.Module]
 
 
