@@ -151,6 +151,11 @@ def row(report, job: Job) -> dict:
     return out
 
 
+# what a comparison's times are, by the key time_columns picks
+TIME_BASIS = {"latency_ms": "measured latency", "predicted_ms": "predicted latency (calibrated roofline)",
+              None: "no latency: run `archscan calibrate` for predictions, or add --measure"}
+
+
 def time_columns(rows: list[dict]) -> tuple[bool, bool, str | None]:
     """Which time columns a table of ``rows`` has: (predicted, measured, the key its time ratio uses)."""
     predicted = any("predicted_ms" in r for r in rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..compare import GUIDELINES, time_columns
+from ..compare import GUIDELINES, TIME_BASIS, time_columns
 from .text import fmt_bytes, fmt_count, label_lines
 
 
@@ -44,9 +44,7 @@ def compare_text(comparison: dict, width: int = 100) -> str:
         cells += [_ratio(r, time_key)] if time_key else []
         table.append(cells)
     lines = [tabulate(table, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * (len(headers) - 1))]
-    basis = ("measured latency" if timed else "predicted latency (calibrated roofline)" if predicted
-             else "no latency: run `archscan calibrate` for predictions, or add --measure")
-    notes = [("baseline", comparison.get("baseline") or "-"), ("time", basis)]
+    notes = [("baseline", comparison.get("baseline") or "-"), ("time", TIME_BASIS[time_key])]
     if comparison.get("device"):
         notes.append(("device", comparison["device"] + (f", measured {comparison['measured_at']}"
                                                         if comparison.get("measured_at") else "")))

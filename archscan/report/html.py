@@ -13,9 +13,10 @@ from __future__ import annotations
 from html import escape
 
 from .. import __version__
-from ..compare import GUIDELINES, time_columns
+from ..compare import GUIDELINES, TIME_BASIS, time_columns
 from . import plots
-from .text import fmt_bytes, fmt_count, fmt_recommendation_saving, fmt_saving
+from .facts import predicted_by_module, slowest_nodes
+from .text import fmt_bytes, fmt_count, fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1b1f24;background:#fff}
@@ -88,7 +89,7 @@ def _page(title: str, subtitle: str, sections: list[tuple[str, str, str]]) -> st
 
 
 def _subtitle(report: dict) -> str:
-    inputs = ", ".join(_input(i) for i in report["inputs"])
+    inputs = ", ".join(input_text(i) for i in report["inputs"])
     parts = [f"input {inputs}", f"capture {report['capture']}", f"dtype {report['dtype']}", report["schema"]]
     lat = report.get("latency") or {}
     if lat.get("end_to_end_ms") is not None:
@@ -97,10 +98,6 @@ def _subtitle(report: dict) -> str:
         prof = lat["profile"]
         parts.append(f"predicted for {prof['name']} (calibrated {prof['created'][:10]})")
     return " · ".join(parts)
-
-
-def _input(i: dict) -> str:
-    return f"{i['name'] + '=' if i.get('name') else ''}{'×'.join(map(str, i['shape']))} {i['dtype']}"
 
 
 def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset(), row_class=None) -> str:
@@ -137,7 +134,7 @@ def _summary(report: dict) -> str:
     t = report["totals"]
     items = [
         ("model", f"<code>{escape(report['model'])}</code>"),
-        ("input", escape(", ".join(_input(i) for i in report["inputs"]))),
+        ("input", escape(", ".join(input_text(i) for i in report["inputs"]))),
         ("capture", escape(f"{report['capture']}, dtype {report['dtype']}")),
         ("params", f"{fmt_count(t['params'])} ({t['params']:,}; {fmt_bytes(t['param_bytes'])})"
          + (f", {fmt_count(t['unused_params'])} never used in forward" if t.get("unused_params") else "")),
@@ -181,13 +178,7 @@ def _summary(report: dict) -> str:
 
 def _modules(report: dict, depth: int = 2) -> str:
     """The module tree to ``depth`` with measured and predicted time per module."""
-    predicted: dict[str, float] = {}
-    for n in report["nodes"]:
-        if n.get("predicted_ms"):
-            parts = (n.get("module") or "").split(".") if n.get("module") else []
-            for k in range(len(parts) + 1):
-                key = ".".join(parts[:k])
-                predicted[key] = predicted.get(key, 0.0) + n["predicted_ms"]
+    predicted = predicted_by_module(report)
     total = report["totals"]["flops"] or 1
     timed = any(m.get("latency_ms") is not None for m in report["modules"])
     headers = ["module", "type", "params", "FLOPs", "share", "MAC", "FLOPs/B"]
@@ -252,9 +243,7 @@ def _latency(report: dict, limit: int = 15) -> str:
         text = (f"per layer {lat['per_layer_sum_ms']:.3f} ms summed over {lat['timed_nodes']} nodes; gap "
                 f"{lat['gap_ms']:+.3f} ms ({100 * lat['gap_fraction']:+.1f}%): {lat['gap_explained']}")
         parts.append(f'<p class="note">{escape(text)}</p>')
-    timed = any(n.get("latency_ms") for n in report["nodes"])
-    key = "latency_ms" if timed else "predicted_ms"
-    nodes = sorted((n for n in report["nodes"] if n.get(key)), key=lambda n: -n[key])[:limit]
+    timed, key, nodes = slowest_nodes(report, limit)
     if nodes:
         headers = ["node", "module", "category", "ms" if timed else "predicted ms"]
         headers += ["predicted ms", "% of roofline"] if timed else []
@@ -288,9 +277,7 @@ def _recommendations(report: dict) -> str:
         return "<p>No recommendations.</p>"
     items = []
     for r in report["recommendations"]:
-        saving = fmt_recommendation_saving(r.get("estimated_saving") or {})
-        basis = {"measured": "measured", "predicted": "roofline prediction", "mac": "bytes moved"}.get(r["basis"], r["basis"])
-        says = f"saves {saving} ({basis}{'; verified' if r.get('verified') else ''})" if saving else "saving not estimated"
+        says = fmt_recommendation_says(r.get("estimated_saving") or {}, r["basis"], r.get("verified"))
         items.append(f"<li><b>{escape(r['kind'])}</b>: {escape(says)}. {escape(r['reason'])}"
                      f"<br>apply: <code>{escape(r['apply'])}</code></li>")
     return "<ol>\n" + "\n".join(items) + "\n</ol>"
@@ -330,8 +317,7 @@ def _top_findings(report: dict, limit: int = 5) -> str:
 
 def _basis(comparison: dict) -> tuple[str | None, str]:
     key = time_columns(comparison["rows"])[2]
-    return key, {"latency_ms": "measured latency", "predicted_ms": "predicted latency (calibrated roofline)",
-                 None: "no latency: run `archscan calibrate` for predictions, or add --measure"}[key]
+    return key, TIME_BASIS[key]
 
 
 def _compare_summary(comparison: dict) -> str:

@@ -8,7 +8,8 @@ decimals, so every number can be checked against the JSON (``tests/test_reports.
 from __future__ import annotations
 
 from ..compare import GUIDELINES, time_columns
-from .text import fmt_recommendation_saving, fmt_saving
+from .facts import slowest_nodes
+from .text import fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
 
 def report_markdown(report: dict, depth: int = 2) -> str:
@@ -67,13 +68,9 @@ def _table(headers: list[str], rows: list[list[str]], right: range = range(0)) -
         "| " + " | ".join(cells) + " |" for cells in rows]
 
 
-def _input(i: dict) -> str:
-    return f"{i['name'] + '=' if i.get('name') else ''}{'x'.join(map(str, i['shape']))} {i['dtype']}"
-
-
 def _summary(report: dict) -> list[str]:
     t = report["totals"]
-    rows = [["input", _cell(", ".join(_input(i) for i in report["inputs"]))],
+    rows = [["input", _cell(", ".join(input_text(i, "x") for i in report["inputs"]))],
             ["capture", f"{report['capture']}, dtype {report['dtype']}"],
             ["params", f"{_int(t['params'])} ({_int(t['param_bytes'])} bytes)"
              + (f", {_int(t['unused_params'])} never used in forward" if t.get("unused_params") else "")],
@@ -129,9 +126,7 @@ def _latency(report: dict, limit: int = 10) -> list[str]:
     if lat.get("per_layer_sum_ms") is not None:
         lines += [f"Per layer {_ms(lat['per_layer_sum_ms'])} ms over {lat['timed_nodes']} nodes; gap "
                   f"{lat['gap_ms']:+.3f} ms: {lat['gap_explained']}.", ""]
-    timed = any(n.get("latency_ms") for n in report["nodes"])
-    key = "latency_ms" if timed else "predicted_ms"
-    nodes = sorted((n for n in report["nodes"] if n.get(key)), key=lambda n: -n[key])[:limit]
+    timed, key, nodes = slowest_nodes(report, limit)
     headers = ["node", "module", "category", "ms" if timed else "predicted ms"] + (["predicted ms"] if timed else [])
     rows = [[f"`{n['name']}`", f"`{n.get('module') or ''}`", n["category"], _ms(n[key])]
             + ([_ms(n.get("predicted_ms"))] if timed else []) for n in nodes]
@@ -151,8 +146,7 @@ def _recommendations(report: dict) -> list[str]:
         return ["None."]
     lines = []
     for i, r in enumerate(report["recommendations"], 1):
-        saving = fmt_recommendation_saving(r.get("estimated_saving") or {})
-        says = f"saves {saving} ({r['basis']}{'; verified' if r.get('verified') else ''})" if saving else "saving not estimated"
+        says = fmt_recommendation_says(r.get("estimated_saving") or {}, r["basis"], r.get("verified"))
         lines += [f"{i}. **{r['kind']}**: {says}. {r['reason']}", f"   `{r['apply']}`"]
     return lines
 

@@ -16,6 +16,7 @@ import io
 import re
 
 from ..categories import CATEGORIES
+from .facts import predicted_by_module
 
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "archscan", "font.size": 9, "font.family": "sans-serif",
        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}
@@ -107,7 +108,7 @@ def latency_svg(report: dict, limit: int = 16) -> str | None:
     """Time per top-level module, measured beside predicted (horizontal bars, the slowest first);
     None without latency. Modules below the first level are summed into their parent."""
     modules = [m for m in report.get("modules", []) if m.get("depth") == 1]
-    predicted = _predicted_by_module(report)
+    predicted = predicted_by_module(report)
     rows = [(m["path"], m.get("latency_ms"), predicted.get(m["path"])) for m in modules]
     rows = [r for r in rows if r[1] or r[2]]
     if not rows:
@@ -138,17 +139,6 @@ def latency_svg(report: dict, limit: int = 16) -> str | None:
         return fig
 
     return _styled(build)
-
-
-def _predicted_by_module(report: dict) -> dict[str, float]:
-    """Predicted ms of each top-level module: the sum over its nodes."""
-    out: dict[str, float] = {}
-    for n in report.get("nodes", []):
-        if n.get("predicted_ms"):
-            top = (n.get("module") or "").split(".")[0]
-            if top:
-                out[top] = out.get(top, 0.0) + n["predicted_ms"]
-    return out
 
 
 def compare_svg(comparison: dict) -> str | None:

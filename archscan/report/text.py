@@ -53,6 +53,11 @@ def label_lines(rows: list[tuple[str, str]], width: int = DEFAULT_WIDTH) -> list
     return lines
 
 
+def input_text(i: dict, times: str = "×") -> str:
+    """An input as the report's JSON holds it -> 'attention_mask=1×128 int64'."""
+    return f"{i['name'] + '=' if i.get('name') else ''}{times.join(map(str, i['shape']))} {i['dtype']}"
+
+
 def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -116,8 +121,7 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
 def totals_lines(report: Report) -> list[str]:
     """The totals block: params, FLOPs, MAC, element ops, intensity, capture."""
     t = report.totals
-    inputs = ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{'×'.join(map(str, i['shape']))} {i['dtype']}"
-                       for i in report.inputs)
+    inputs = ", ".join(input_text(i) for i in report.inputs)
     lines = [
         f"model      {report.model}  (capture: {report.capture}, dtype {report.dtype}, input {inputs})",
         f"params     {fmt_count(t.params)} ({t.params:,}; {fmt_bytes(t.param_bytes)})"
@@ -241,6 +245,12 @@ def render_text(report: Report, depth: int = 2, per_node: bool = False, findings
 _BASIS = {"measured": "measured", "predicted": "roofline prediction", "mac": "bytes moved; no time estimate"}
 
 
+def fmt_recommendation_says(saving: dict, basis: str, verified: bool | None) -> str:
+    """'saves 1.200 ms, 19 MiB (measured; verified)', or 'saving not estimated'."""
+    text = fmt_recommendation_saving(saving)
+    return f"saves {text} ({_BASIS.get(basis, basis)}{'; verified' if verified else ''})" if text else "saving not estimated"
+
+
 def fmt_recommendation_saving(saving: dict) -> str:
     """{'ms': 1.2, 'mac_bytes': ..., 'kernels': 20} -> '1.200 ms, 19 MiB, 20 kernels'."""
     parts = [f"{saving['ms']:.3f} ms"] if saving.get("ms") else []
@@ -259,10 +269,7 @@ def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WI
     head += "; --json lists all)" if len(recs) > limit else ")"
     lines = [head]
     for i, r in enumerate(recs[:limit], 1):
-        saving = fmt_recommendation_saving(r.estimated_saving)
-        basis = _BASIS.get(r.basis, r.basis)
-        verified = "; verified" if r.verified else ""
-        says = f"saves {saving} ({basis}{verified})" if saving else "saving not estimated"
+        says = fmt_recommendation_says(r.estimated_saving, r.basis, r.verified)
         body = _wrap_prose(f"{r.kind}: {says}. {r.reason}", width - 3)
         lines += [f"{i}. {body[0]}"] + ["   " + line for line in body[1:]]
         lines += ["   " + line for line in _wrap_prose(f"apply: {r.apply}", width - 3)]
