@@ -255,7 +255,7 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
     return Comparison(rows, reports, base, sort, device, measured_at)
 
 
-def _device(latency: dict) -> str:
+def _device(latency: dict) -> str | None:
     """Where the times come from: 'Intel(R) Xeon(R) Processor (cpu, 2 threads)' when measured,
     the profile's device name when predicted."""
     if latency.get("device_name"):
