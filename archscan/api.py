@@ -405,8 +405,8 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
     """Tensors fx baked as constants that forward builds on the host each call.
 
     fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
-    archscan builds every parameter and buffer as a fake tensor and fx traces outside fake mode, so a
-    fake constant was computed from them (``self.relative_position_index.view(-1)`` in Swin, BEiT,
+    archscan builds every parameter and buffer as a fake or meta tensor (``archscan.direct``) and fx
+    traces outside fake mode, so a fake or meta constant was computed from them (``self.relative_position_index.view(-1)`` in Swin, BEiT,
     MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
     or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
     """
@@ -416,7 +416,8 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
     for node in gm.graph.nodes:
         if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
             value = getattr(gm, node.target, None)
-            if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or storage_key(value) in registered):
+            if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or value.is_meta
+                                                    or storage_key(value) in registered):
                 continue  # the model's own state, viewed or computed at trace time
             for user in node.users:
                 out.append({"name": node.target, "consumer": user.name, "source": source_of(user),

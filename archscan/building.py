@@ -101,24 +101,33 @@ _INIT_METHODS = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_
                  torch.Tensor.clamp_, torch.Tensor.erfinv_, torch.Tensor.mul_, torch.Tensor.add_, torch.Tensor.div_}
 
 
+def _is_initialiser(func) -> bool:
+    return getattr(func, "__module__", None) == "torch.nn.init" and getattr(func, "__name__", "").endswith("_")
+
+
 class _SkipInit(TorchFunctionMode):
     """Turns in-place writes into no-ops while a model is built on the meta device.
 
     Meta tensors hold no values, so initialisers (``normal_``, ``uniform_``, ``fill_``...) have
     nothing to do; on meta they still run shape-checking Python reference code, which costs more
-    than the rest of building a small network.
+    than the rest of building a small network (and imports sympy). ``torch.nn.init``'s in-place
+    initialisers come here as themselves: what they call inside would not.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _INIT_METHODS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-            return args[0]
+        tensor = args[0] if args else (kwargs or {}).get("tensor")  # torch.nn.init passes it by name
+        if (func in _INIT_METHODS or _is_initialiser(func)) and isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
         return func(*args, **(kwargs or {}))
 
 
 def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fake_mode: FakeTensorMode,
-               specs: Sequence[InputSpec] = ()) -> nn.Module:
+               specs: Sequence[InputSpec] = (), meta: nn.Module | None = None) -> nn.Module:
     """Construct the model without allocating weights (fake tensors); ``specs`` give lazy modules
-    (``nn.LazyLinear``...) the first forward that decides their weights' shapes."""
+    (``nn.LazyLinear``...) the first forward that decides their weights' shapes. ``meta``: the
+    model already built by ``build_meta``, wrapped instead of building another."""
+    if meta is not None:
+        return _prepare(_meta_to_fake(meta, fake_mode), dtype, fake_mode)
     if target.instance is not None:
         if _has_lazy(target.instance):
             return _prepare(_fakeify(build_real(target, kwargs, None, specs), fake_mode), dtype, fake_mode)
@@ -126,10 +135,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     try:
         # Built on the meta device (initialisers are no-ops there), then each tensor is wrapped
         # as a fake CPU tensor so kernels are chosen as on a CPU (fused attention paths).
-        with torch.device("meta"), _SkipInit(), quiet():
-            model = target.build(kwargs)
-            _materialize_lazy(model, specs, torch.device("meta"))
-        return _prepare(_meta_to_fake(model, fake_mode), dtype, fake_mode)
+        return _prepare(_meta_to_fake(build_meta(target, kwargs, specs), fake_mode), dtype, fake_mode)
     except ArchscanError:
         raise
     except Exception:
@@ -144,6 +150,14 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
         pass  # the constructor needs real values (e.g. .tolist() on a tensor): build for real
     model = build_real(target, kwargs, None, specs)
     return _prepare(_fakeify(model, fake_mode), dtype, fake_mode)
+
+
+def build_meta(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = ()) -> nn.Module:
+    """Construct the model on the meta device, initialisers skipped (no memory, no values)."""
+    with torch.device("meta"), _SkipInit(), quiet():
+        model = target.build(kwargs)
+        _materialize_lazy(model, specs, torch.device("meta"))
+    return model
 
 
 def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,

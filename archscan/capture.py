@@ -30,7 +30,8 @@ import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .building import Call, build_fake, build_real, make_call
+from . import direct
+from .building import Call, build_fake, build_meta, build_real, make_call
 from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
@@ -55,7 +56,7 @@ class Captured:
     failures: dict[str, str]           # capture kind -> why it failed
     training: bool = False             # the user's module instance was in train mode
     host_syncs: tuple[dict, ...] = ()  # Python-level syncs the graph does not show (SyncWatcher)
-    fake: bool = True                  # ``model`` holds fake tensors (False: a real run's model)
+    fake: bool = True                  # ``model`` holds no real weights: fake or meta tensors (a direct run)
 
 
 def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
@@ -138,6 +139,8 @@ class CostInterpreter(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, recorder: OpRecorder):
         super().__init__(gm, garbage_collect_values=True)
         self.recorder = recorder
+        self.extra_traceback = False  # a failing node is described by _NodeFailure; torch's structured
+        # log of it would symbolize a traceback, importing torch._inductor and dynamo (seconds)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         costs = NodeCosts()
@@ -209,10 +212,16 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
              method: str) -> Captured:
+    meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx") and _direct_allowed(target, specs, dtype) else None
+    hooks = strip_user_hooks(meta) if meta is not None else None
+    if meta is not None:
+        captured = _try_direct(meta, specs, hooks)
+        if captured is not None:
+            return captured
     failures: dict[str, str] = {}
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = build_fake(target, kwargs, dtype, fake_mode, specs)
-    hooks = strip_user_hooks(model)
+    model = build_fake(target, kwargs, dtype, fake_mode, specs, meta=meta)  # the constructor runs once
+    hooks = strip_user_hooks(model) if hooks is None else hooks
     _check_arity(model, specs)
     names, numel, weight_keys = _weight_maps(model)
     call = make_call(specs, dtype, fake_mode)
@@ -268,6 +277,50 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     return captured(gm, "eager", [note], watcher.records(), real_model=real)
 
 
+def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
+    """A direct run (``archscan.direct``) is tried for a model archscan builds itself (not an
+    instance or a program: those are copied as they are), in float32, on float32 or integer inputs."""
+    return (direct.MACS > 0 and target.instance is None and not target.program and dtype in (None, torch.float32)
+            and all(s.dtype in (torch.float32, torch.int64, torch.int32) for s in specs))
+
+
+def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -> nn.Module | None:
+    """The model built on the meta device for a direct run, or None (the fake path builds it)."""
+    try:
+        model = build_meta(target, kwargs, specs).eval()
+    except Exception:
+        return None
+    return model if all(t.is_meta for t in [*model.parameters(), *model.buffers()]) else None
+
+
+def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str]) -> Captured | None:
+    """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
+    activations, meta weights), or None where that cannot give the fake path's answer cheaply:
+    the fake path then runs (and says what is wrong, if anything is)."""
+    try:
+        _check_arity(model, specs)
+        call = make_call(specs, None)
+        with quiet():
+            gm = trace_fx(model, call)
+    except Exception:
+        return None
+    if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
+        return None
+    names, numel, weight_keys = _weight_maps(model)
+    try:
+        _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)))
+    except _NodeFailure as failure:
+        if isinstance(failure.exc, direct.Stop) or not _model_rejects(model, call, direct.Direct()):
+            return None
+        raise _rejected(failure, model, call) from failure.exc
+    except Exception:
+        return None
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, ())
+
+
+_READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
+
+
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
                watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
     """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
@@ -287,13 +340,18 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
             failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
             return None
         if _model_rejects(model, call, fake_mode):
-            hint = f"inputs were {shape_str(call.tensors())}"
-            if "Long, Int" in str(failure.exc):
-                hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
-            raise ArchscanError(failure.describe(type(model).__name__), hint=hint) from failure.exc
+            raise _rejected(failure, model, call) from failure.exc
         failures[kind] = f"graph did not run: {short(failure.exc)}"
         return None
     return gm
+
+
+def _rejected(failure: _NodeFailure, model: nn.Module, call: Call) -> ArchscanError:
+    """The error for a model that rejects its example inputs."""
+    hint = f"inputs were {shape_str(call.tensors())}"
+    if "Long, Int" in str(failure.exc):
+        hint += "; token ids need an integer dtype, e.g. --input 1,128:int64"
+    return ArchscanError(failure.describe(type(model).__name__), hint=hint)
 
 
 @contextlib.contextmanager
@@ -449,10 +507,12 @@ def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
 
 
 def _model_rejects(model: nn.Module, call: Call, fake_mode) -> bool:
-    """Does the model itself (not just its traced graph) fail on these fake inputs?"""
+    """Does the model itself (not just its traced graph) fail on these fake inputs (or in a direct run)?"""
     try:  # under a recorder: it makes the checks the fake kernels of older torch skip
         with fake_mode, OpRecorder(set(), set()), torch.no_grad(), quiet():
             call(model)
+    except direct.Stop:
+        return False
     except Exception:
         return True
     return False

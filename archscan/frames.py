@@ -28,10 +28,14 @@ def _stdlib_dirs() -> tuple[str, ...]:
 
 def _package_dirs() -> tuple[str, ...]:
     """Directories of the non-model packages already imported (never imports one)."""
+    return _dirs_of(tuple(name for name in _NOT_MODEL_PACKAGES if name in sys.modules))
+
+
+@lru_cache(maxsize=None)
+def _dirs_of(imported: tuple[str, ...]) -> tuple[str, ...]:
     dirs = [_THIS_DIR + os.sep]
-    for name in _NOT_MODEL_PACKAGES:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+    for name in imported:
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
     return tuple(dirs)
@@ -41,8 +45,13 @@ def is_user_file(fname: str) -> bool:
     """Model code, as opposed to torch's, archscan's, the standard library's or generated code."""
     if not fname or fname.startswith("<"):
         return False
+    return _is_user_path(fname, _package_dirs())
+
+
+@lru_cache(maxsize=4096)
+def _is_user_path(fname: str, package_dirs: tuple[str, ...]) -> bool:
     path = os.path.abspath(fname)
-    if path.startswith(_package_dirs()):
+    if path.startswith(package_dirs):
         return False
     # site-packages lives under the standard library's prefix on some layouts: it is not stdlib
     in_stdlib = path.startswith(_stdlib_dirs()) and f"{os.sep}site-packages{os.sep}" not in path \

@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..building import build_fake, build_real, make_call
 from ..capture import _capture_context, strip_user_hooks
+from ..direct import Direct
 from ..errors import ArchscanError, CaptureError
 from ..frames import at, short
 from ..loading import InputSpec, ModelTarget
@@ -47,13 +48,20 @@ def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             dtype: torch.dtype | None = None, model: nn.Module | None = None) -> Grouping:
     """The model's coupled channel groups, found on fake tensors (no weights, nothing computed).
 
-    ``model``: a fake copy already built (a scan's), used instead of building another.
+    ``model``: a copy already built (a scan's: fake, or meta after a direct run), used
+    instead of building another.
     """
     if model is not None:
         fake_mode = next((t.fake_mode for t in model.parameters() if hasattr(t, "fake_mode")), None)
         if fake_mode is not None:
             with _capture_context():
                 return find_groups(model, make_call(specs, dtype, fake_mode), fake_mode)
+        if all(t.is_meta for t in [*model.parameters(), *model.buffers()]):  # a direct run's model
+            try:
+                with _capture_context():
+                    return find_groups(model, make_call(specs, dtype), Direct())
+            except Exception:
+                pass  # found on fake tensors, below
     with _capture_context():
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)

@@ -828,7 +828,7 @@ class Grouping:
 
 
 def find_groups(model: torch.nn.Module, call, fake_mode) -> Grouping:
-    """Run ``model`` once on fake tensors under ``LabelMode`` and group its channels."""
+    """Run ``model`` once under ``LabelMode`` (on fake tensors, or in a direct run) and group its channels."""
     from ..recording import output_tensors, quiet
 
     params: dict = {}

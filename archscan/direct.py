@@ -1,0 +1,156 @@
+"""The direct run: a model torch.fx traces runs once on the CPU, its weights left on the meta device.
+
+Fake tensors (``FakeTensorMode``) let archscan analyse a model of any size without allocating
+or computing anything, but in a short process their machinery costs more than a small model's
+forward: they import sympy and ``torch.distributed.tensor`` (half a second together), and every
+op runs torch's Python meta kernels (``torch._check`` alone imports sympy). So a model torch.fx
+traces is first run directly, under ``Direct``: its inputs and activations are real CPU tensors,
+its weights stay on the meta device, and
+
+* matrix products (``mm``, ``addmm``, ``bmm``, ``baddbmm``: the bulk of a transformer's work) are
+  not computed: their output is a zero CPU tensor of the shape and layout the CPU kernel gives;
+* view ops of weights stay on meta (no memory); any other op that reads a weight reads zeros of
+  its layout on the CPU (``zeros_like_meta``: views of one zero buffer, no larger than
+  ``MAX_WEIGHT_BYTES``);
+* everything else runs on the CPU as it would, within ``MACS`` multiply-adds of convolution and
+  attention (estimated from the input shapes before the op runs) and ``SECONDS``.
+
+Recording modes above ``Direct`` see the op as the model called it (weights as the model's own
+meta tensors, activations with their shapes and layouts), so the counts are those of fake CPU
+tensors — fake tensors exist to behave as the CPU kernels do. ``tests/test_direct.py`` pins whole
+reports of the zoo against the fake path.
+
+Values never change a count, and no op whose result depends on them may run: the run stops
+(``Stop``) before an op tagged ``data_dependent_output`` or ``dynamic_output_shape`` (``.item()``,
+``nonzero``...), past its budget, and on any error; the analysis then runs on fake tensors from
+the start, as it always has, so what a user sees never depends on the path taken.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+aten = torch.ops.aten
+
+MACS = 20e9                     # multiply-adds of convolution and attention a direct run may compute (~0.3 s, 2 cores)
+MAX_WEIGHT_BYTES = 1 << 30      # the largest weight it reads as zeros
+SECONDS = 2.0                   # and the time it may take, whatever the estimates said
+
+_VALUES = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+
+
+class Stop(Exception):
+    """The direct run cannot give the fake path's answer, or would cost more than it."""
+
+
+# --- matrix products by shape ---------------------------------------------------------------------------
+
+def _product(a, b, batched: bool) -> tuple[int, ...] | None:
+    """The shape of ``a @ b`` for ``mm`` (2-D) or ``bmm`` (3-D), None when the CPU kernel would refuse."""
+    dims = 3 if batched else 2
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != dims or b.dim() != dims \
+            or a.dtype != b.dtype or not a.dtype.is_floating_point or a.shape[-1] != b.shape[-2] \
+            or (batched and a.shape[0] != b.shape[0]):
+        return None
+    return (*a.shape[:-1], b.shape[-1])
+
+
+def _broadcasts(c, shape: tuple[int, ...] | None, dtype) -> tuple[int, ...] | None:
+    if shape is None or not isinstance(c, torch.Tensor) or c.dtype != dtype or c.dim() > len(shape) \
+            or any(s not in (1, t) for s, t in zip(reversed(c.shape), reversed(shape))):
+        return None
+    return shape
+
+
+_SHAPES = {
+    aten.mm.default: lambda a, k: _product(a[0], a[1], False) if len(a) == 2 and not k else None,
+    aten.bmm.default: lambda a, k: _product(a[0], a[1], True) if len(a) == 2 and not k else None,
+    aten.addmm.default: lambda a, k: _broadcasts(a[0], _product(a[1], a[2], False), a[1].dtype) if len(a) == 3 else None,
+    aten.baddbmm.default: lambda a, k: _broadcasts(a[0], _product(a[1], a[2], True), a[1].dtype) if len(a) == 3 else None,
+}
+
+
+# --- what the CPU computes, estimated ----------------------------------------------------------------
+
+def _conv_macs(args) -> int:
+    x, w = args[0], args[1]
+    stride, padding, dilation, transposed = args[3], args[4], args[5], args[6]
+    spatial = x.shape[2:]
+    if transposed:  # every input position meets the whole kernel
+        return x.shape[0] * math.prod(spatial) * w.numel()
+    k = w.shape[2:]
+    pick = (lambda v, i: v[i] if len(v) > 1 else v[0])
+    out = [max(0, (spatial[i] + 2 * pick(padding, i) - pick(dilation, i) * (k[i] - 1) - 1) // pick(stride, i) + 1)
+           for i in range(len(spatial))]
+    return x.shape[0] * math.prod(out) * w.numel()
+
+
+def _attention_macs(args) -> int:
+    q, k, v = args[0], args[1], args[2]
+    return math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+
+
+_ESTIMATES = {
+    aten.convolution.default: _conv_macs,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_macs,
+    aten._scaled_dot_product_attention_math.default: _attention_macs,
+}
+
+
+class Direct(TorchDispatchMode):
+    """The direct run (see the module docstring); enter it beneath the modes that record."""
+
+    def __init__(self, macs: float = MACS, seconds: float = SECONDS):
+        super().__init__()
+        self.macs_left = macs
+        self.deadline = time.perf_counter() + seconds
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(tag in _VALUES for tag in func.tags):
+            raise Stop(f"{func} depends on tensor values")
+        if time.perf_counter() > self.deadline:
+            raise Stop("the direct run took too long")
+        shape = _SHAPES.get(func)
+        if shape is not None:
+            out = shape(args, kwargs)
+            if out is not None:
+                return torch.zeros(out, dtype=args[-1].dtype)
+        flat, _ = tree_flatten((args, kwargs))
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in flat):
+            if func.is_view and all(t.is_meta for t in flat if isinstance(t, torch.Tensor)):
+                return func(*args, **kwargs)  # a view of a weight: no memory
+            args, kwargs = tree_map_only(torch.Tensor, self._on_cpu, (args, kwargs))
+        estimate = _ESTIMATES.get(func)
+        if estimate is not None:
+            try:
+                self.macs_left -= estimate(args)
+            except (IndexError, TypeError, AttributeError):  # a call the formula does not read: its time is watched
+                pass
+            if self.macs_left < 0:
+                raise Stop("more multiply-adds than a direct run computes")
+        return func(*args, **kwargs)
+
+    def _on_cpu(self, t: torch.Tensor) -> torch.Tensor:
+        return zeros_like_meta(t) if t.is_meta else t
+
+
+_ZEROS: dict[torch.dtype, torch.Tensor] = {}  # per dtype, one zero CPU buffer every weight's copy views
+
+
+def zeros_like_meta(t: torch.Tensor) -> torch.Tensor:
+    """A zero CPU tensor with ``t``'s size, strides and dtype: a view of one shared zero buffer,
+    so a weight costs no memory or time of its own. Views of one buffer may alias each other,
+    which changes values at most (an in-place write to a weight), and values are never counted."""
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.size(), t.stride())) if t.numel() else 0
+    if extent * t.element_size() > MAX_WEIGHT_BYTES:
+        raise Stop("a weight larger than a direct run copies")
+    buffer = _ZEROS.get(t.dtype)
+    if buffer is None or buffer.numel() < extent:
+        buffer = _ZEROS[t.dtype] = torch.zeros(max(extent, 1 << 16), dtype=t.dtype)
+    return buffer.as_strided(t.size(), t.stride())
