@@ -7,8 +7,9 @@ op runs torch's Python meta kernels (``torch._check`` alone imports sympy). So a
 traces is first run directly, under ``Direct``: its inputs and activations are real CPU tensors,
 its weights stay on the meta device, and
 
-* matrix products (``mm``, ``addmm``, ``bmm``, ``baddbmm``: the bulk of a transformer's work) are
-  not computed: their output is a zero CPU tensor of the shape and layout the CPU kernel gives;
+* convolutions and matrix products (``convolution`` of contiguous tensors, ``mm``, ``addmm``,
+  ``bmm``, ``baddbmm``: the bulk of a network's work) are not computed: their output is a zero
+  CPU tensor of the shape and layout the CPU kernel gives (with zero weights, also its values);
 * view ops of weights stay on meta (no memory); any other op that reads a weight reads zeros of
   its layout on the CPU (``zeros_like_meta``: views of one zero buffer, no larger than
   ``MAX_WEIGHT_BYTES``);
@@ -37,7 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 aten = torch.ops.aten
 
-MACS = 20e9                     # multiply-adds of convolution and attention a direct run may compute (~0.3 s, 2 cores)
+MACS = 20e9                     # multiply-adds of the convolution and attention it computes (~0.3 s, 2 cores)
 MAX_WEIGHT_BYTES = 1 << 30      # the largest weight it reads as zeros
 SECONDS = 2.0                   # and the time it may take, whatever the estimates said
 
@@ -67,7 +68,40 @@ def _broadcasts(c, shape: tuple[int, ...] | None, dtype) -> tuple[int, ...] | No
     return shape
 
 
+def _conv(args, kwargs) -> tuple[int, ...] | None:
+    """The output shape of ``aten.convolution`` on contiguous tensors (the CPU kernel's output is
+    then contiguous too), None for any other call: it runs, and refuses what it refuses."""
+    if kwargs or len(args) != 9:
+        return None
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or x.dim() != w.dim() \
+            or x.dim() not in (3, 4, 5) or x.dtype != w.dtype or not x.dtype.is_floating_point \
+            or not x.is_contiguous() or not w.is_contiguous() or not isinstance(groups, int) or groups < 1 \
+            or w.shape[0] % groups:
+        return None
+    n = x.dim() - 2
+    lists = [list(v) for v in (stride, padding, dilation, output_padding)]
+    if any(len(v) not in (1, n) for v in lists):
+        return None
+    stride, padding, dilation, output_padding = (v * n if len(v) == 1 else v for v in lists)
+    k = w.shape[2:]
+    if transposed:
+        c_out = w.shape[1] * groups
+        ok = x.shape[1] == w.shape[0] and all(op < max(s, d) for op, s, d in zip(output_padding, stride, dilation))
+        spatial = [(i - 1) * s - 2 * p + d * (kk - 1) + op + 1
+                   for i, s, p, d, kk, op in zip(x.shape[2:], stride, padding, dilation, k, output_padding)]
+    else:
+        c_out = w.shape[0]
+        ok = x.shape[1] == w.shape[1] * groups and not any(output_padding)
+        spatial = [(i + 2 * p - d * (kk - 1) - 1) // s + 1 for i, s, p, d, kk in zip(x.shape[2:], stride, padding, dilation, k)]
+    if not ok or min(spatial) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0 or x.shape[0] == 0 \
+            or (bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (c_out,) or bias.dtype != x.dtype)):
+        return None
+    return (x.shape[0], c_out, *spatial)
+
+
 _SHAPES = {
+    aten.convolution.default: _conv,
     aten.mm.default: lambda a, k: _product(a[0], a[1], False) if len(a) == 2 and not k else None,
     aten.bmm.default: lambda a, k: _product(a[0], a[1], True) if len(a) == 2 and not k else None,
     aten.addmm.default: lambda a, k: _broadcasts(a[0], _product(a[1], a[2], False), a[1].dtype) if len(a) == 3 else None,
@@ -112,6 +146,16 @@ class Direct(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        try:
+            done, args, kwargs = self._prepare(func, args, kwargs)
+        except Stop:
+            raise
+        except Exception as exc:  # archscan's own mistake: never reported as the model's
+            raise Stop(f"{func}: {type(exc).__name__}: {exc}") from exc
+        return done if done is not None else func(*args, **kwargs)
+
+    def _prepare(self, func, args, kwargs):
+        """(the output without running the kernel, or None; the arguments to run it with)."""
         if any(tag in _VALUES for tag in func.tags):
             raise Stop(f"{func} depends on tensor values")
         if time.perf_counter() > self.deadline:
@@ -120,11 +164,11 @@ class Direct(TorchDispatchMode):
         if shape is not None:
             out = shape(args, kwargs)
             if out is not None:
-                return torch.zeros(out, dtype=args[-1].dtype)
+                return torch.zeros(out, dtype=args[1].dtype), args, kwargs
         flat, _ = tree_flatten((args, kwargs))
         if any(isinstance(t, torch.Tensor) and t.is_meta for t in flat):
             if func.is_view and all(t.is_meta for t in flat if isinstance(t, torch.Tensor)):
-                return func(*args, **kwargs)  # a view of a weight: no memory
+                return func(*args, **kwargs), args, kwargs  # a view of a weight: no memory
             args, kwargs = tree_map_only(torch.Tensor, self._on_cpu, (args, kwargs))
         estimate = _ESTIMATES.get(func)
         if estimate is not None:
@@ -134,7 +178,7 @@ class Direct(TorchDispatchMode):
                 pass
             if self.macs_left < 0:
                 raise Stop("more multiply-adds than a direct run computes")
-        return func(*args, **kwargs)
+        return None, args, kwargs
 
     def _on_cpu(self, t: torch.Tensor) -> torch.Tensor:
         return zeros_like_meta(t) if t.is_meta else t

@@ -5,6 +5,12 @@ The three commands run interleaved (A B C A B C ...) so drift of the machine lan
 them; each figure is the median of ``--runs`` wall-clock times, and the ratios are archscan's
 median over the other tool's. The floor, `python -c "import torch"`, is printed beside them.
 
+Every command runs with Python's default bytecode cache (``PYTHONDONTWRITEBYTECODE`` removed
+from its environment) after one warm-up run, as on a user's machine: a ``pip install`` compiles
+the installed packages, and an editable install writes its caches on the first run. Where the
+variable is set, Python compiles archscan's modules (and the zoo's) from source in every
+process, about 0.1 s: ``--keep-env`` measures that.
+
     python benchmarks/bench_startup.py [--runs 5] [--models resnet50,mobilenet_v2,vit_b_16]
 """
 
@@ -42,9 +48,12 @@ print(counter.get_total_flops() // 2)
 """
 
 
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall(cmd: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=ENV)
     return time.perf_counter() - start
 
 
@@ -52,10 +61,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--models", default="resnet50,mobilenet_v2,vit_b_16")
+    parser.add_argument("--keep-env", action="store_true", help="keep PYTHONDONTWRITEBYTECODE if it is set")
     args = parser.parse_args()
+    if args.keep_env:
+        ENV.update(os.environ)
     archscan = shutil.which("archscan") or os.path.join(os.path.dirname(sys.executable), "archscan")
     floor = [sys.executable, "-c", "import torch"]
-    print(f"# whole processes, median of {args.runs} interleaved runs (wall s); python {sys.version.split()[0]}")
+    cache = "off (PYTHONDONTWRITEBYTECODE)" if ENV.get("PYTHONDONTWRITEBYTECODE") else "on"
+    print(f"# whole processes, median of {args.runs} interleaved runs (wall s); python {sys.version.split()[0]}; "
+          f"bytecode cache {cache}")
     print("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / fvcore | archscan / FlopCounterMode")
     print("|".join(["---"] * 7))
     for name in args.models.split(","):
