@@ -159,9 +159,9 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
-    captured = capture(target, specs, kwargs, dtype, capture_method)
+    captured = capture(target, specs, kwargs, dtype, capture_method, groups=advise)
     report = build_report(captured, name or target.name, specs, dtype)
-    fake_model = captured.model if captured.fake else None
+    fake_model = (captured.model, captured.grouping) if captured.fake else None
     try:
         real = None if captured.fake else captured.model
         report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
@@ -200,15 +200,16 @@ def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Rep
 
 def _advise(report: Report, selected: list[str], profile, advise: bool, build=(None, (), None, None, None)) -> Report:
     """Findings, then the recommendations that answer them (one graph view for both); ``build``:
-    (target, specs, kwargs, dtype, the fake model), for the recommenders that count changed copies of it."""
+    (target, specs, kwargs, dtype, (the fake or meta model, its channel groups or None)), for the
+    recommenders that count changed copies of it."""
     if not selected and not advise:
         return report
     ctx = RuleContext(report)
     report = run_rules(report, selected, ctx) if selected else report
     report = dataclasses.replace(report, blocks=tuple(b.to_json() for b in ctx.blocks))
-    target, specs, kwargs, dtype, model = build
+    target, specs, kwargs, dtype, (model, grouping) = build[:4] + (build[4] or (None, None),)
     return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
-                      model=model) if advise else report
+                      model=model, grouping=grouping) if advise else report
 
 
 def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None):

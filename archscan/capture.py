@@ -57,6 +57,7 @@ class Captured:
     training: bool = False             # the user's module instance was in train mode
     host_syncs: tuple[dict, ...] = ()  # Python-level syncs the graph does not show (SyncWatcher)
     fake: bool = True                  # ``model`` holds no real weights: fake or meta tensors (a direct run)
+    grouping: Any = None               # the model's channel groups (``archscan.prune``), found in the same run
 
 
 def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
@@ -181,16 +182,17 @@ class _NodeFailure(Exception):
         return f"{where}{' at ' + src if src else ''} rejected input of shape {self.shapes}: {msg}"
 
 
-def _interpret(gm, call: Call, fake_mode, recorder) -> None:
+def _interpret(gm, call: Call, fake_mode, recorder, below=None) -> Any:
+    """Run ``gm`` under ``recorder`` (with ``below``, another mode, between it and ``fake_mode``)."""
     interp = CostInterpreter(gm, recorder)
-    with fake_mode, recorder, torch.no_grad(), quiet():
-        interp.run(*call.graph_args(gm))
+    with fake_mode, below or contextlib.nullcontext(), recorder, torch.no_grad(), quiet():
+        return interp.run(*call.graph_args(gm))
 
 
 # --- the entry point -----------------------------------------------------------------------------------
 
 def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
-            dtype: torch.dtype | None = None, method: str = "auto") -> Captured:
+            dtype: torch.dtype | None = None, method: str = "auto", groups: bool = False) -> Captured:
     """Capture and cost a model (see module docstring).
 
     ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded: it tells
@@ -205,17 +207,19 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         kwargs: constructor arguments.
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
+        groups: find the model's channel groups in the same run (``Captured.grouping``) where a
+            direct run captures it; ``archscan.prune.analyse`` finds them otherwise.
     """
     with _capture_context():
-        return _capture(target, specs, kwargs or {}, dtype, method)
+        return _capture(target, specs, kwargs or {}, dtype, method, groups)
 
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
-             method: str) -> Captured:
+             method: str, groups: bool = False) -> Captured:
     meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx") and _direct_allowed(target, specs, dtype) else None
     hooks = strip_user_hooks(meta) if meta is not None else None
     if meta is not None:
-        captured = _try_direct(meta, specs, hooks)
+        captured = _try_direct(meta, specs, hooks, groups)
         if captured is not None:
             return captured
     failures: dict[str, str] = {}
@@ -293,7 +297,7 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
     return model if all(t.is_meta for t in [*model.parameters(), *model.buffers()]) else None
 
 
-def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str]) -> Captured | None:
+def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str], groups: bool = False) -> Captured | None:
     """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
     the fake path then runs (and says what is wrong, if anything is)."""
@@ -307,15 +311,25 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str]) 
     if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
         return None
     names, numel, weight_keys = _weight_maps(model)
+    labels = None
+    if groups:
+        from .prune.groups import label_mode
+
+        labels = label_mode(model)
     try:
-        _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)))
+        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)), labels)
     except _NodeFailure as failure:
         if isinstance(failure.exc, direct.Stop) or not _model_rejects(model, call, direct.Direct()):
             return None
         raise _rejected(failure, model, call) from failure.exc
     except Exception:
         return None
-    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, ())
+    grouping = None
+    if labels is not None:
+        from .prune.groups import grouping_of
+
+        grouping = grouping_of(labels, out, model)
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), grouping=grouping)
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})

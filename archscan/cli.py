@@ -96,9 +96,10 @@ def scan_cmd(
             report, device_error = exc.report, exc  # the measurement failed; the static report stands
     for warning in warnings + list(report.warnings):
         typer.echo(f"archscan: warning: {warning}", err=True)
-    _write_reports(report_path, markdown, report.to_json())
+    data = report.to_json() if report_path or markdown or as_json else None
+    _write_reports(report_path, markdown, data)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=1))
+        typer.echo(json.dumps(data, indent=1))
     else:
         from .report.text import render_text, terminal_width
 

@@ -34,7 +34,7 @@ import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 aten = torch.ops.aten
 
@@ -136,13 +136,36 @@ _ESTIMATES = {
 }
 
 
+_KINDS: dict = {}  # op -> "values", "shape", "view" or "other"
+_SOME, _ALL = 1, 2
+
+
+def _kind(func) -> str:
+    if any(tag in _VALUES for tag in func.tags):
+        return "values"
+    return "shape" if func in _SHAPES else "view" if func.is_view else "other"
+
+
+def _meta_among(values) -> int:
+    """0: no meta tensor among ``values`` (and the lists in them); _SOME; _ALL of the tensors are."""
+    meta = other = False
+    for v in values:
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.Tensor):
+                if t.is_meta:
+                    meta = True
+                else:
+                    other = True
+    return 0 if not meta else _SOME if other else _ALL
+
+
 class Direct(TorchDispatchMode):
     """The direct run (see the module docstring); enter it beneath the modes that record."""
 
-    def __init__(self, macs: float = MACS, seconds: float = SECONDS):
+    def __init__(self, macs: float | None = None, seconds: float | None = None):
         super().__init__()
-        self.macs_left = macs
-        self.deadline = time.perf_counter() + seconds
+        self.macs_left = MACS if macs is None else macs
+        self.deadline = time.perf_counter() + (SECONDS if seconds is None else seconds)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -156,18 +179,20 @@ class Direct(TorchDispatchMode):
 
     def _prepare(self, func, args, kwargs):
         """(the output without running the kernel, or None; the arguments to run it with)."""
-        if any(tag in _VALUES for tag in func.tags):
+        kind = _KINDS.get(func)
+        if kind is None:
+            kind = _KINDS[func] = _kind(func)
+        if kind == "values":
             raise Stop(f"{func} depends on tensor values")
         if time.perf_counter() > self.deadline:
             raise Stop("the direct run took too long")
-        shape = _SHAPES.get(func)
-        if shape is not None:
-            out = shape(args, kwargs)
+        if kind == "shape":
+            out = _SHAPES[func](args, kwargs)
             if out is not None:
                 return torch.zeros(out, dtype=args[1].dtype), args, kwargs
-        flat, _ = tree_flatten((args, kwargs))
-        if any(isinstance(t, torch.Tensor) and t.is_meta for t in flat):
-            if func.is_view and all(t.is_meta for t in flat if isinstance(t, torch.Tensor)):
+        meta = _meta_among((*args, *kwargs.values()) if kwargs else args)
+        if meta:
+            if kind == "view" and meta == _ALL:
                 return func(*args, **kwargs), args, kwargs  # a view of a weight: no memory
             args, kwargs = tree_map_only(torch.Tensor, self._on_cpu, (args, kwargs))
         estimate = _ESTIMATES.get(func)

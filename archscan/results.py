@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = "archscan.report/1"
@@ -184,6 +186,31 @@ class Report:
         if self.latency is not None:
             out["latency"] = self.latency
         return out
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def asdict(obj: Any) -> Any:
+    """``dataclasses.asdict``, the same result, several times faster on a report's thousands of
+    records: atoms are returned as they are, not deep-copied one by one."""
+    if isinstance(obj, _ATOMS):
+        return obj
+    cls = type(obj)
+    names = _FIELDS.get(cls)
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(obj))
+    if names is not None:
+        return {name: asdict(getattr(obj, name)) for name in names}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return cls(*[asdict(v) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return cls(asdict(v) for v in obj)
+    if isinstance(obj, dict):
+        return cls((asdict(k), asdict(v)) for k, v in obj.items()) if cls is not dict \
+            else {asdict(k): asdict(v) for k, v in obj.items()}
+    return copy.deepcopy(obj)
 
 
 def _drop_none(d: dict) -> dict:

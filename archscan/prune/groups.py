@@ -829,15 +829,26 @@ class Grouping:
 
 def find_groups(model: torch.nn.Module, call, fake_mode) -> Grouping:
     """Run ``model`` once under ``LabelMode`` (on fake tensors, or in a direct run) and group its channels."""
-    from ..recording import output_tensors, quiet
+    from ..recording import quiet
 
+    mode = label_mode(model)
+    with fake_mode, torch.no_grad(), mode, quiet():
+        out = call(model)
+    return grouping_of(mode, out, model)
+
+
+def label_mode(model: torch.nn.Module) -> LabelMode:
+    """A ``LabelMode`` that knows ``model``'s parameters and buffers (by storage)."""
     params: dict = {}
     for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         params.setdefault(storage_key(t), name)
-    uf = UnionFind()
-    mode = LabelMode(params, uf)
-    with fake_mode, torch.no_grad(), mode, quiet():
-        out = call(model)
+    return LabelMode(params, UnionFind())
+
+
+def grouping_of(mode: LabelMode, out, model: torch.nn.Module) -> Grouping:
+    """The channel groups ``mode`` found in a forward that returned ``out``."""
+    from ..recording import output_tensors
+
     for t in output_tensors(out):
         mode.pin("reaches the model's output", mode.lab(t))
     grouping = _groups(mode)

@@ -43,7 +43,8 @@ class Context:
     specs: tuple = ()              # that build variants of the model (prune, distill) need them
     kwargs: dict | None = None
     dtype: object | None = None
-    model: object | None = None    # the scan's fake copy of the model: variants are built from it
+    model: object | None = None    # the scan's fake (or meta) copy of the model: variants are built from it
+    grouping: object | None = None # its channel groups when the capture found them (archscan.prune.Grouping)
 
     def cited(self, *rules: str) -> tuple[dict, ...]:
         """The findings of these rules, as {"rule", "module"} references."""
@@ -229,7 +230,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
     from ..transform.fuse import output_path
 
     try:
-        grouping = analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
+        grouping = ctx.grouping or analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
     except ArchscanError:
         return []  # the scan stands without it
     cuts = plan(grouping, PRUNE_RATIO)
@@ -332,7 +333,7 @@ def _rank_key(r: Recommendation) -> tuple:
 
 
 def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,
-              target=None, specs=(), kwargs: dict | None = None, dtype=None, model=None) -> Report:
+              target=None, specs=(), kwargs: dict | None = None, dtype=None, model=None, grouping=None) -> Report:
     """The report with ``recommendations`` filled in, best first.
 
     Args:
@@ -342,9 +343,10 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
         target, specs, kwargs, dtype, model: the model (the scan's fake copy) and how it was built,
             for the recommenders that count a changed copy of it (prune, distill); without them
             they propose nothing.
+        grouping: the model's channel groups, when the scan found them (else they are found here).
     """
     ctx = Context(report, rules or RuleContext(report), profile, command if command is not None else command_of(report),
-                  target, tuple(specs), kwargs, dtype, model)
+                  target, tuple(specs), kwargs, dtype, model, grouping)
     recs = [r for recommender in RECOMMENDERS.values() for r in recommender(ctx)]
     recs.sort(key=_rank_key)
     return dataclasses.replace(report, recommendations=tuple(recs))

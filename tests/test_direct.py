@@ -1,0 +1,229 @@
+"""The direct run (``archscan.direct``) gives exactly the fake path's report, on every zoo model,
+and gives way to the fake path where it cannot: values read, budgets, errors. Its shortcuts (matrix
+products and convolutions by shape) are checked against the CPU kernels they stand in for."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import archscan
+from archscan import capture, direct, zoo
+from archscan.loading import ModelTarget, parse_input_spec, resolve_target
+from archscan.prune import analyse, meta_copy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIG = {"llama3_70b", "llama2_7b", "llama3_8b", "vit_h_14", "vit_l_16"}
+aten = torch.ops.aten
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Which captures the direct run answered (True) or gave to the fake path (False)."""
+    seen: list[bool] = []
+    original = capture._try_direct
+
+    def wrapped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out is not None)
+        return out
+
+    monkeypatch.setattr(capture, "_try_direct", wrapped)
+    return seen
+
+
+def _fake_only(monkeypatch):
+    monkeypatch.setattr(direct, "MACS", 0)  # _direct_allowed is False: the fake path from the start
+
+
+def _json(report) -> str:
+    return json.dumps(report.to_json(), sort_keys=True)
+
+
+@pytest.mark.parametrize("name", [n for n in zoo.list_models() if n not in BIG])
+def test_zoo_reports_identical_to_the_fake_path(name, spy, monkeypatch):
+    """Whole reports: every node's costs, modules, findings, blocks; recommendations (pruned copies
+    are counted in direct runs too) for the small models."""
+    inputs = list(zoo.get_entry(name).default_input)
+    recommend = name in {"resnet18", "mobilenet_v2", "shufflenet_v2_x0_5", "vit_tiny", "llama_tiny"}
+    direct_report = archscan.scan("zoo:" + name, inputs, profile=False, recommend=recommend)
+    assert spy[0] is True, "the direct run gave way"
+    _fake_only(monkeypatch)
+    fake_report = archscan.scan("zoo:" + name, inputs, profile=False, recommend=recommend)
+    assert _json(direct_report) == _json(fake_report)
+    if recommend:
+        assert any(r.kind == "prune" for r in direct_report.recommendations) or name == "llama_tiny"
+
+
+def test_channel_groups_of_the_direct_run_equal_analyse():
+    """The groups found during the capture are those ``analyse`` finds in a run of its own."""
+    for name in ("mobilenet_v2", "resnet18", "shufflenet_v2_x0_5", "vit_tiny"):
+        target = resolve_target("zoo:" + name)
+        specs = [parse_input_spec(s) for s in target.default_inputs]
+        captured = capture.capture(target, specs, groups=True)
+        alone = analyse(target, specs, model=captured.model)
+        assert captured.grouping is not None
+        key = lambda g: [(x.id, x.channels, x.pinned, x.producers, x.modules) for x in g.groups]  # noqa: E731
+        assert key(captured.grouping) == key(alone) and captured.grouping.param_shapes == alone.param_shapes
+
+
+class _ItemNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * x.max().item()   # fx traces .item() as a call_method
+
+
+class _Nonzero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x)[torch.nonzero(x[:, 0])]  # an output shape the values decide
+
+
+class _Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("cls", [_ItemNet, _Nonzero])
+def test_value_dependent_models_take_the_fake_path(cls, spy, monkeypatch):
+    target = ModelTarget(cls.__name__, cls)
+    report = archscan.scan(target, "2,8", profile=False, recommend=False)
+    assert spy == [False]
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan(ModelTarget(cls.__name__, cls), "2,8", profile=False, recommend=False))
+
+
+def test_budget_gives_way_with_the_same_report(spy, monkeypatch):
+    monkeypatch.setattr(direct, "MACS", 1)  # the first convolution that must run is over budget
+    x = "1,3,32,32"
+    channels_last = ModelTarget("cl", lambda: _ChannelsLast())
+    report = archscan.scan(channels_last, x, profile=False, recommend=False)
+    assert spy == [False]
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan(ModelTarget("cl", lambda: _ChannelsLast()), x, profile=False,
+                                                recommend=False))
+
+
+class _ChannelsLast(nn.Module):
+    """A convolution on a channels-last input is computed (not by shape): the budget counts it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return self.conv(x.contiguous(memory_format=torch.channels_last))
+
+
+def test_model_errors_are_the_same_error(spy, monkeypatch):
+    """A model that rejects its input says so once, as the fake path says it."""
+    with pytest.raises(archscan.ArchscanError) as direct_error:
+        archscan.scan(ModelTarget("p", _Plain), "1,4,32,32", profile=False)
+    _fake_only(monkeypatch)
+    with pytest.raises(archscan.ArchscanError) as fake_error:
+        archscan.scan(ModelTarget("p", _Plain), "1,4,32,32", profile=False)
+    assert "layer 'conv' (Conv2d)" in str(direct_error.value) and "4" in str(direct_error.value)
+    assert str(direct_error.value).split(":")[0] == str(fake_error.value).split(":")[0]
+
+
+def test_no_sympy_distributed_or_dynamo_in_a_direct_scan():
+    """As the console runs it (archscan.nocompile installed): nothing of the fake machinery loads."""
+    code = ("import sys, archscan\nfrom archscan import nocompile\nassert nocompile.install()\n"
+            "archscan.scan('zoo:resnet18', '1,3,224,224', profile=False)\n"
+            "print(sorted(m for m in ('sympy', 'torch.distributed.tensor', 'torch._dynamo.eval_frame', "
+            "'torch.fx.experimental.symbolic_shapes') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def _conv_cases():
+    for dims, (cin, cout, groups), k, s, p, d, transposed in itertools.product(
+            (1, 2, 3), ((4, 8, 1), (6, 6, 6), (6, 9, 3)), (1, 3), (1, 2), (0, 1), (1, 2), (False, True)):
+        yield dims, cin, cout, groups, k, s, p, d, transposed
+
+
+def test_convolution_by_shape_matches_the_cpu_kernel():
+    checked = 0
+    for dims, cin, cout, groups, k, s, p, d, transposed in _conv_cases():
+        x = torch.randn([1, cin] + [5] * dims)
+        w = torch.randn(([cin, cout // groups] if transposed else [cout, cin // groups]) + [k] * dims)
+        args = (x, w, torch.randn(cout), [s] * dims, [p] * dims, [d] * dims, transposed, [0] * dims, groups)
+        try:
+            real = aten.convolution.default(*args)
+        except RuntimeError:
+            assert direct._conv(args, {}) is None or min(direct._conv(args, {})) <= 0
+            continue
+        shape = direct._conv(args, {})
+        assert shape == tuple(real.shape), args[3:]
+        assert torch.zeros(shape).stride() == real.stride()
+        checked += 1
+    assert checked > 200
+    x = torch.randn(1, 4, 5, 5).contiguous(memory_format=torch.channels_last)
+    assert direct._conv((x, torch.randn(8, 4, 3, 3), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}) is None
+
+
+def test_matrix_products_by_shape_match_the_cpu_kernel():
+    a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    for func, args in [(aten.mm.default, (a, b)), (aten.addmm.default, (c, a, b)), (aten.addmm.default, (c[None], a, b)),
+                       (aten.mm.default, (a, b.t().contiguous().t())),
+                       (aten.bmm.default, (torch.randn(2, 3, 4), torch.randn(2, 4, 5))),
+                       (aten.baddbmm.default, (torch.randn(2, 1, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5)))]:
+        real = func(*args)
+        shape = direct._SHAPES[func](args, {})
+        assert shape == tuple(real.shape) and torch.zeros(shape).stride() == real.stride()
+    assert direct._SHAPES[aten.mm.default]((a, torch.randn(3, 5)), {}) is None   # the kernel refuses it: it runs
+    assert direct._SHAPES[aten.mm.default]((a, b.double()), {}) is None
+
+
+def test_value_ops_stop_the_run():
+    with pytest.raises(direct.Stop), direct.Direct():
+        torch.ones(3).nonzero()
+    with pytest.raises(direct.Stop), direct.Direct():
+        torch.ones(3).sum().item()
+
+
+def test_weights_read_as_zeros_cost_no_memory_of_their_own():
+    w = torch.empty(64, 32, device="meta")
+    z1, z2 = direct.zeros_like_meta(w), direct.zeros_like_meta(w.t())
+    assert z1.shape == (64, 32) and z2.stride() == (1, 32) and not z1.any()
+    assert z1.untyped_storage().data_ptr() == z2.untyped_storage().data_ptr()
+
+
+def test_module_copy_matches_deepcopy():
+    """meta_copy's fast path copies what deepcopy copies; a module reached outside _modules makes it
+    fall back to deepcopy."""
+    model = resolve_target("zoo:mobilenet_v2").build({}).to("meta")
+    copy_ = meta_copy(model)
+    assert [n for n, _ in copy_.named_modules()] == [n for n, _ in model.named_modules()]
+    assert all(a is not b for a, b in zip(copy_.modules(), model.modules()))
+    assert all(p.is_meta and p is not q for p, q in zip(copy_.parameters(), model.parameters()))
+    object.__setattr__(model.features[0], "shortcut", model.features[1])  # a module outside _modules
+    copy_ = meta_copy(model)
+    assert copy_.features[0].__dict__["shortcut"] is copy_.features[1]
+
+
+def test_direct_run_leaves_the_meta_model_untouched():
+    target = resolve_target("zoo:resnet18")
+    specs = [parse_input_spec(s) for s in target.default_inputs]
+    captured = capture.capture(target, specs)
+    assert captured.kind == "fx" and captured.fake
+    assert all(t.is_meta for t in [*captured.model.parameters(), *captured.model.buffers()])
