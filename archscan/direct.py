@@ -34,7 +34,6 @@ import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
 
 aten = torch.ops.aten
 
@@ -194,7 +193,8 @@ class Direct(TorchDispatchMode):
         if meta:
             if kind == "view" and meta == _ALL:
                 return func(*args, **kwargs), args, kwargs  # a view of a weight: no memory
-            args, kwargs = tree_map_only(torch.Tensor, self._on_cpu, (args, kwargs))
+            args = tuple(_on_cpu(a) for a in args)
+            kwargs = {k: _on_cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
         estimate = _ESTIMATES.get(func)
         if estimate is not None:
             try:
@@ -205,8 +205,15 @@ class Direct(TorchDispatchMode):
                 raise Stop("more multiply-adds than a direct run computes")
         return None, args, kwargs
 
-    def _on_cpu(self, t: torch.Tensor) -> torch.Tensor:
-        return zeros_like_meta(t) if t.is_meta else t
+
+
+def _on_cpu(value):
+    """``value`` (a tensor, or a list or tuple of them, as aten ops take) with meta tensors read as zeros."""
+    if isinstance(value, torch.Tensor):
+        return zeros_like_meta(value) if value.is_meta else value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
 
 
 _ZEROS: dict[torch.dtype, torch.Tensor] = {}  # per dtype, one zero CPU buffer every weight's copy views

@@ -26,9 +26,14 @@ def _stdlib_dirs() -> tuple[str, ...]:
     return tuple(os.path.abspath(p) + os.sep for p in paths if p)
 
 
+_seen = [-1, ()]  # len(sys.modules) when the directories were last looked up, and them
+
+
 def _package_dirs() -> tuple[str, ...]:
     """Directories of the non-model packages already imported (never imports one)."""
-    return _dirs_of(tuple(name for name in _NOT_MODEL_PACKAGES if name in sys.modules))
+    if _seen[0] != len(sys.modules):  # a module came (or went) since: look again
+        _seen[:] = [len(sys.modules), _dirs_of(tuple(name for name in _NOT_MODEL_PACKAGES if name in sys.modules))]
+    return _seen[1]
 
 
 @lru_cache(maxsize=None)

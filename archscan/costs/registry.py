@@ -421,7 +421,11 @@ _ACTIVATION_FAMILY = {"activation", "norm", "elementwise"}
 
 def _tensors(tree) -> list[torch.Tensor]:
     """Tensors in nested args (tuples, lists, dict values), in order; cheaper than pytree."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
     out: list[torch.Tensor] = []
+    if type(tree) is tuple and all(type(x) is not tuple and type(x) is not list and type(x) is not dict for x in tree):
+        return [x for x in tree if isinstance(x, torch.Tensor)]  # a flat tuple: most ops' args and outputs
     stack = [tree]
     while stack:
         x = stack.pop()
@@ -570,7 +574,7 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
     if free:
         return OpCost(name, "view")
     attrs: dict = {}
-    ins = _tensors((args, kwargs))
+    ins = _tensors(args) + _tensors(kwargs) if kwargs else _tensors(args)
     outs = _tensors(out)
 
     # Bytes: each distinct tensor read once, each output written once.

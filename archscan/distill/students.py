@@ -35,6 +35,7 @@ the view carries the model's ``grouping``).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -308,9 +309,12 @@ def unit_stride(in_shape, out_shape) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def unit_params(in_channels: int, out_channels: int, stride: int) -> int:
-    """Parameters of a ``ShuffleUnit`` (built on the meta device: no memory)."""
-    with torch.device("meta"):
+    """Parameters of a ``ShuffleUnit`` (built on the meta device, initialisers skipped: no memory, no work)."""
+    from ..building import _SkipInit
+
+    with torch.device("meta"), _SkipInit():
         return sum(p.numel() for p in ShuffleUnit(in_channels, out_channels, stride).parameters())
 
 
