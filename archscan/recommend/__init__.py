@@ -210,7 +210,7 @@ def _channels_last(ctx: Context) -> list[Recommendation]:
 PRUNE_RATIO = 0.3   # the cut a prune recommendation proposes (the CLI's default --ratio)
 PRUNE_SHOWN = 2     # prune recommendations made (the groups saving most); `archscan prune --list` has all
 # Variants of the model (pruned, student) are counted by scanning them. A scan makes them only for
-# models torch.fx traces (a variant then costs about 0.1 s; one that needs torch.export, seconds)
+# models torch.fx traces (a variant then costs about 0.06 s in a direct run; one that needs torch.export, seconds)
 # with up to this many nodes (ResNet-101 has 345, ViT-L/16 298); for the others:
 # `archscan prune --list`, `archscan distill`.
 VARIANT_NODE_LIMIT = 800
