@@ -122,6 +122,16 @@ def test_budget_gives_way_with_the_same_report(spy, monkeypatch):
                                                 recommend=False))
 
 
+def test_large_activations_give_way_with_the_same_report(spy, monkeypatch):
+    """A large input makes large activations for real (the fake path's cost does not grow with
+    them): past ``OUTPUT_BYTES`` the direct run stops, and the report is the fake path's."""
+    monkeypatch.setattr(direct, "OUTPUT_BYTES", 4 << 20)  # resnet18 at batch 1 makes ~50 MiB
+    report = archscan.scan("zoo:resnet18", "1,3,224,224", profile=False, recommend=False)
+    assert spy == [False]
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan("zoo:resnet18", "1,3,224,224", profile=False, recommend=False))
+
+
 class _ChannelsLast(nn.Module):
     """A convolution on a channels-last input is computed (not by shape): the budget counts it."""
 
