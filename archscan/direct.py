@@ -210,8 +210,12 @@ class Direct(TorchDispatchMode):
         if meta:
             if kind == "view" and meta == _ALL:
                 return func(*args, **kwargs), args, kwargs  # a view of a weight: no memory
-            args = tuple(_on_cpu(a) for a in args)
-            kwargs = {k: _on_cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
+            # an op that writes one of its arguments gets private zeros: the shared buffer stays zero
+            # (a zero index stays a valid index for every later read)
+            writes = func._schema.is_mutable or (func is aten.native_batch_norm.default and len(args) > 5 and args[5])
+            cpu = _on_cpu_private if writes else _on_cpu  # (training batch norm updates its statistics unannotated)
+            args = tuple(cpu(a) for a in args)
+            kwargs = {k: cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
         estimate = _ESTIMATES.get(func)
         if estimate is not None:
             try:
@@ -223,13 +227,21 @@ class Direct(TorchDispatchMode):
         return None, args, kwargs
 
 
-
 def _on_cpu(value):
     """``value`` (a tensor, or a list or tuple of them, as aten ops take) with meta tensors read as zeros."""
     if isinstance(value, torch.Tensor):
         return zeros_like_meta(value) if value.is_meta else value
     if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
         return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
+def _on_cpu_private(value):
+    """``_on_cpu`` with zeros of their own, for an op that may write them."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value, device="cpu") if value.is_meta else value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_on_cpu_private(v) for v in value)
     return value
 
 

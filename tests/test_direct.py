@@ -220,6 +220,14 @@ def test_weights_read_as_zeros_cost_no_memory_of_their_own():
     assert z1.untyped_storage().data_ptr() == z2.untyped_storage().data_ptr()
 
 
+def test_ops_that_write_a_weight_leave_the_shared_zeros_alone():
+    w = torch.empty(4, device="meta")
+    with direct.Direct():
+        torch.ops.aten.add_.Tensor(w, torch.ones(4))   # an in-place update of a buffer, in forward
+        torch.nn.functional.batch_norm(torch.randn(2, 4), w, w, training=True)  # running statistics
+    assert not direct.zeros_like_meta(w).any()
+
+
 def test_module_copy_matches_deepcopy():
     """meta_copy's fast path copies what deepcopy copies; a module reached outside _modules makes it
     fall back to deepcopy."""
