@@ -161,15 +161,15 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
     captured = capture(target, specs, kwargs, dtype, capture_method, groups=advise)
     report = build_report(captured, name or target.name, specs, dtype)
-    fake_model = (captured.model, captured.grouping) if captured.fake else None
+    build = (target, specs, kwargs, dtype) + ((captured.model, captured.grouping) if captured.fake else (None, None))
     try:
         real = None if captured.fake else captured.model
         report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
     except DeviceError as exc:
         exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
-                             selected, None, advise, (target, specs, kwargs, dtype, fake_model))
+                             selected, None, advise, build)
         raise
-    report = _advise(report, selected, profile, advise, (target, specs, kwargs, dtype, fake_model))  # last: rules read measurements
+    report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 
 
@@ -198,16 +198,16 @@ def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Rep
     return dataclasses.replace(report, recommendations=recs)
 
 
-def _advise(report: Report, selected: list[str], profile, advise: bool, build=(None, (), None, None, None)) -> Report:
+def _advise(report: Report, selected: list[str], profile, advise: bool, build=(None, (), None, None, None, None)) -> Report:
     """Findings, then the recommendations that answer them (one graph view for both); ``build``:
-    (target, specs, kwargs, dtype, (the fake or meta model, its channel groups or None)), for the
+    (target, specs, kwargs, dtype, the fake or meta model, its channel groups or None), for the
     recommenders that count changed copies of it."""
     if not selected and not advise:
         return report
     ctx = RuleContext(report)
     report = run_rules(report, selected, ctx) if selected else report
     report = dataclasses.replace(report, blocks=tuple(b.to_json() for b in ctx.blocks))
-    target, specs, kwargs, dtype, (model, grouping) = build[:4] + (build[4] or (None, None),)
+    target, specs, kwargs, dtype, model, grouping = build
     return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
                       model=model, grouping=grouping) if advise else report
 
@@ -407,8 +407,8 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
 
     fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
     archscan builds every parameter and buffer as a fake or meta tensor (``archscan.direct``) and fx
-    traces outside fake mode, so a fake or meta constant was computed from them (``self.relative_position_index.view(-1)`` in Swin, BEiT,
-    MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
+    traces outside fake mode, so a fake or meta constant was computed from them
+    (``self.relative_position_index.view(-1)`` in Swin, BEiT, MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
     or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
     """
     registered = {storage_key(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]

@@ -673,8 +673,9 @@ def entry() -> None:
     """setuptools console-script wrapper. A command is one short-lived process: the cyclic garbage
     collector stays off (it would walk torch's whole object graph on every threshold crossing while
     torch imports), and once its output is flushed the process ends without the interpreter's
-    teardown (a final collection over torch's objects, every module cleared: ~0.1 s). Analysis commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The
-    library (``archscan.scan``) leaves the caller's GC and modules alone."""
+    teardown (a final collection over torch's objects, every module cleared: ~0.1 s). Analysis
+    commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The library
+    (``archscan.scan``) leaves the caller's GC and modules alone."""
     import gc
 
     global _CONSOLE

@@ -36,6 +36,8 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .costs import tensors_in
+
 aten = torch.ops.aten
 
 MACS = 20e9                     # multiply-adds of the convolution and attention it computes (~0.3 s, 2 cores)
@@ -69,6 +71,14 @@ def _broadcasts(c, shape: tuple[int, ...] | None, dtype) -> tuple[int, ...] | No
     return shape
 
 
+def _conv_spatial(x, w, stride, padding, dilation, transposed, output_padding) -> list[int]:
+    """A convolution's output size along each spatial dim (per-dim lists, as aten passes them)."""
+    if transposed:
+        return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                for i, s, p, d, k, op in zip(x.shape[2:], stride, padding, dilation, w.shape[2:], output_padding)]
+    return [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, s, p, d, k in zip(x.shape[2:], stride, padding, dilation, w.shape[2:])]
+
+
 def _conv(args, kwargs) -> tuple[int, ...] | None:
     """The output shape of ``aten.convolution`` on contiguous tensors (the CPU kernel's output is
     then contiguous too), None for any other call: it runs, and refuses what it refuses."""
@@ -85,16 +95,13 @@ def _conv(args, kwargs) -> tuple[int, ...] | None:
     if any(len(v) not in (1, n) for v in lists):
         return None
     stride, padding, dilation, output_padding = (v * n if len(v) == 1 else v for v in lists)
-    k = w.shape[2:]
+    spatial = _conv_spatial(x, w, stride, padding, dilation, transposed, output_padding)
     if transposed:
         c_out = w.shape[1] * groups
         ok = x.shape[1] == w.shape[0] and all(op < max(s, d) for op, s, d in zip(output_padding, stride, dilation))
-        spatial = [(i - 1) * s - 2 * p + d * (kk - 1) + op + 1
-                   for i, s, p, d, kk, op in zip(x.shape[2:], stride, padding, dilation, k, output_padding)]
     else:
         c_out = w.shape[0]
         ok = x.shape[1] == w.shape[1] * groups and not any(output_padding)
-        spatial = [(i + 2 * p - d * (kk - 1) - 1) // s + 1 for i, s, p, d, kk in zip(x.shape[2:], stride, padding, dilation, k)]
     if not ok or min(spatial) <= 0 or min(stride) <= 0 or min(dilation) <= 0 or min(padding) < 0 or x.shape[0] == 0 \
             or (bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (c_out,) or bias.dtype != x.dtype)):
         return None
@@ -113,16 +120,13 @@ _SHAPES = {
 # --- what the CPU computes, estimated ----------------------------------------------------------------
 
 def _conv_macs(args) -> int:
-    x, w = args[0], args[1]
-    stride, padding, dilation, transposed = args[3], args[4], args[5], args[6]
-    spatial = x.shape[2:]
+    x, w, transposed = args[0], args[1], args[6]
     if transposed:  # every input position meets the whole kernel
-        return x.shape[0] * math.prod(spatial) * w.numel()
-    k = w.shape[2:]
-    pick = (lambda v, i: v[i] if len(v) > 1 else v[0])
-    out = [max(0, (spatial[i] + 2 * pick(padding, i) - pick(dilation, i) * (k[i] - 1) - 1) // pick(stride, i) + 1)
-           for i in range(len(spatial))]
-    return x.shape[0] * math.prod(out) * w.numel()
+        return x.shape[0] * math.prod(x.shape[2:]) * w.numel()
+    n = x.dim() - 2
+    stride, padding, dilation = (list(v) * n if len(v) == 1 else list(v) for v in (args[3], args[4], args[5]))
+    out = _conv_spatial(x, w, stride, padding, dilation, False, ())
+    return x.shape[0] * math.prod(max(0, o) for o in out) * w.numel()
 
 
 def _attention_macs(args) -> int:
@@ -138,26 +142,12 @@ _ESTIMATES = {
 
 
 _KINDS: dict = {}  # op -> "values", "shape", "view" or "other"
-_SOME, _ALL = 1, 2
 
 
 def _kind(func) -> str:
     if any(tag in _VALUES for tag in func.tags):
         return "values"
     return "shape" if func in _SHAPES else "view" if func.is_view else "other"
-
-
-def _meta_among(values) -> int:
-    """0: no meta tensor among ``values`` (and the lists in them); _SOME; _ALL of the tensors are."""
-    meta = other = False
-    for v in values:
-        for t in (v if isinstance(v, (list, tuple)) else (v,)):
-            if isinstance(t, torch.Tensor):
-                if t.is_meta:
-                    meta = True
-                else:
-                    other = True
-    return 0 if not meta else _SOME if other else _ALL
 
 
 class Direct(TorchDispatchMode):
@@ -181,8 +171,7 @@ class Direct(TorchDispatchMode):
             return done
         out = func(*args, **kwargs)
         if not func.is_view:
-            self._spend(sum(t.numel() * t.element_size() for t in (out if isinstance(out, (tuple, list)) else (out,))
-                            if isinstance(t, torch.Tensor)))
+            self._spend(sum(t.numel() * t.element_size() for t in tensors_in(out)))
         return out
 
     def _spend(self, nbytes: int) -> None:
@@ -206,16 +195,16 @@ class Direct(TorchDispatchMode):
             if out is not None:
                 self._spend(math.prod(out) * args[1].element_size())
                 return torch.zeros(out, dtype=args[1].dtype), args, kwargs
-        meta = _meta_among((*args, *kwargs.values()) if kwargs else args)
-        if meta:
-            if kind == "view" and meta == _ALL:
+        on_meta = {t.is_meta for t in (tensors_in((args, kwargs)) if kwargs else tensors_in(args))}
+        if True in on_meta:
+            if kind == "view" and on_meta == {True}:
                 return func(*args, **kwargs), args, kwargs  # a view of a weight: no memory
             # an op that writes one of its arguments gets private zeros: the shared buffer stays zero
             # (a zero index stays a valid index for every later read)
             writes = func._schema.is_mutable or (func is aten.native_batch_norm.default and len(args) > 5 and args[5])
-            cpu = _on_cpu_private if writes else _on_cpu  # (training batch norm updates its statistics unannotated)
-            args = tuple(cpu(a) for a in args)
-            kwargs = {k: cpu(v) for k, v in kwargs.items()} if kwargs else kwargs
+            zeros = _private_zeros if writes else zeros_like_meta  # (training batch norm updates its statistics unannotated)
+            args = tuple(_on_cpu(a, zeros) for a in args)
+            kwargs = {k: _on_cpu(v, zeros) for k, v in kwargs.items()} if kwargs else kwargs
         estimate = _ESTIMATES.get(func)
         if estimate is not None:
             try:
@@ -227,22 +216,19 @@ class Direct(TorchDispatchMode):
         return None, args, kwargs
 
 
-def _on_cpu(value):
-    """``value`` (a tensor, or a list or tuple of them, as aten ops take) with meta tensors read as zeros."""
+def _on_cpu(value, zeros):
+    """``value`` (a tensor, or a list or tuple of them, as aten ops take) with each meta tensor
+    replaced by ``zeros(t)``."""
     if isinstance(value, torch.Tensor):
-        return zeros_like_meta(value) if value.is_meta else value
+        return zeros(value) if value.is_meta else value
     if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_on_cpu(v) for v in value)
+        return type(value)(_on_cpu(v, zeros) for v in value)
     return value
 
 
-def _on_cpu_private(value):
-    """``_on_cpu`` with zeros of their own, for an op that may write them."""
-    if isinstance(value, torch.Tensor):
-        return torch.zeros_like(value, device="cpu") if value.is_meta else value
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_on_cpu_private(v) for v in value)
-    return value
+def _private_zeros(t: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``t``'s layout of their own, for an op that may write them."""
+    return torch.zeros_like(t, device="cpu")
 
 
 _ZEROS: dict[torch.dtype, torch.Tensor] = {}  # per dtype, one zero CPU buffer every weight's copy views

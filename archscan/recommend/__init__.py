@@ -230,7 +230,8 @@ def _prune(ctx: Context) -> list[Recommendation]:
     from ..transform.fuse import output_path
 
     try:
-        grouping = ctx.grouping or analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
+        grouping = ctx.grouping if ctx.grouping is not None else \
+            analyse(ctx.target, ctx.specs, ctx.kwargs, ctx.dtype, model=ctx.model)
     except ArchscanError:
         return []  # the scan stands without it
     cuts = plan(grouping, PRUNE_RATIO)
