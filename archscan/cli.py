@@ -208,7 +208,7 @@ def prune_cmd(
         return
     with _model_output(as_json):
         from .prune import prune
-        from .transform.fuse import output_path
+        from .loading import output_path
 
         path = output or output_path(model, "pruned")
         with _status("pruning"):
@@ -240,7 +240,7 @@ def distill_cmd(
     from .api import model_dtype
     from .distill import distill
     from .loading import parse_input_spec, parse_kwargs
-    from .transform.fuse import output_path
+    from .loading import output_path
 
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]

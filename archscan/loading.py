@@ -73,6 +73,14 @@ class ModelTarget:
         return model
 
 
+def output_path(name: str, kind: str = "fused") -> str:
+    """Where a transform saves by default: ('zoo:resnet50', 'fused') -> 'resnet50-fused.pt2';
+    ('models/net.py:Net', 'pruned') -> 'Net-pruned.pt2'."""
+    stem = name.rpartition(":")[2] or name
+    stem = os.path.splitext(os.path.basename(stem))[0] or "model"
+    return f"{stem}-{kind}.pt2"
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """'torch.float32' -> 'float32'."""
     return str(dtype).removeprefix("torch.")

@@ -21,7 +21,8 @@ from archscan import zoo
 from archscan.api import input_specs, to_target
 from archscan.distill import (ESTIMATED_KINDS, PROPOSERS, Student, check, distill, distill_recommendations, estimate, propose,
                               report_totals, stage_ranking)
-from archscan.distill.students import ShuffleUnit, StageScore, adapter_for, candidates, unit_params, unit_stride
+from archscan.distill.students import (ShuffleUnit, StageScore, adapter_for, can_shuffle, candidates, unit_params,
+                                       unit_stride)
 from archscan.errors import ArchscanError
 from archscan.measure.profile import DeviceProfile
 from archscan.recommend import Context, command_of
@@ -141,6 +142,15 @@ def test_shuffle_unit_parameters_by_hand():
     assert unit_params(8, 4, 1) == 132
     # stride 2, 4 -> 8: left 3x3 dw 4*9 + BN 8 + 1x1 4*4 + BN 8 = 68; right 1x1 16 + 8, dw 36 + 8, 1x1 16 + 8 = 92
     assert unit_params(4, 8, 2) == 68 + 92
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_shuffle_unit_parameters_counted_as_built(stride):
+    shapes = [(c_in, c_out) for c_in in (2, 4, 6, 24, 58, 116) for c_out in (2, 8, 24, 58, 96, 232)]
+    for c_in, c_out in shapes:
+        if can_shuffle(c_in, c_out, stride):
+            built = sum(p.numel() for p in ShuffleUnit(c_in, c_out, stride).parameters())
+            assert unit_params(c_in, c_out, stride) == built, (c_in, c_out, stride)
 
 
 @pytest.mark.parametrize("c_in, c_out, hw, stride, out_hw", [(24, 24, (16, 16), 1, (16, 16)), (16, 24, (16, 16), 2, (8, 8)),

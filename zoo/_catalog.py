@@ -7,6 +7,7 @@ the registry that importing the families builds.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from dataclasses import dataclass
 
@@ -27,7 +28,13 @@ class CatalogEntry:
 
 
 def catalog() -> dict[str, CatalogEntry]:
-    """Every registered model by name, read from the family files."""
+    """Every registered model by name, read from the family files (once a process: a scan checks
+    the name, then resolves it)."""
+    return dict(_read_catalog())
+
+
+@functools.lru_cache(maxsize=1)
+def _read_catalog() -> dict[str, CatalogEntry]:
     here = os.path.dirname(os.path.abspath(__file__))
     out: dict[str, CatalogEntry] = {}
     for family in FAMILIES:

@@ -35,11 +35,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..building import Call, build_fake, build_real, make_call
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
-from ..loading import InputSpec, ModelTarget, parse_dtype
+from ..loading import InputSpec, ModelTarget, output_path, parse_dtype
 from ..measure.predict import kernels, report_totals
 from ..recording import output_tensors, quiet
 from ..results import Recommendation, Report, module_and_ancestors
-from ..transform.fuse import output_path, save_program
 from .students import (GUIDELINE_RULES, PROPOSERS, ShuffleUnit, StageScore, Student, Teacher, adapter_for, candidates,
                        feature_points, stage_ranking)
 
@@ -355,6 +354,8 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
         if path is None:
             _run(program, example, "the exported student")
         else:
+            from ..transform.fuse import save_program  # late: a scan's recommendations do not save
+
             save_program(program, path)
             with quiet():
                 saved = torch.export.load(path)

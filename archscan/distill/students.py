@@ -35,7 +35,6 @@ the view carries the model's ``grouping``).
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -235,6 +234,24 @@ def describe_share(scores: list[StageScore]) -> str:
 
 # --- the ShuffleNetV2 unit ------------------------------------------------------------------------------
 
+ConvBN = tuple[int, int, int, int, int, bool]  # in channels, out channels, kernel, stride, groups, ReLU after
+
+
+def unit_layers(in_channels: int, out_channels: int, stride: int) -> dict[str, list[ConvBN]]:
+    """The conv-BN(-ReLU) layers of a ``ShuffleUnit`` per branch: what it builds and what
+    ``unit_params`` counts."""
+    if stride == 1:
+        half = in_channels // 2
+        project = [(in_channels, out_channels, 1, 1, 1, True)] if out_channels != in_channels else []
+        return {"branch1": [],  # the split-off half passes through
+                "branch2": [(half, half, 1, 1, 1, True), (half, half, 3, 1, half, False), (half, half, 1, 1, 1, True)],
+                "project": project}
+    left, right = out_channels // 2, out_channels - out_channels // 2
+    return {"branch1": [(in_channels, in_channels, 3, 2, in_channels, False), (in_channels, left, 1, 1, 1, True)],
+            "branch2": [(in_channels, right, 1, 1, 1, True), (right, right, 3, 2, right, False), (right, right, 1, 1, 1, True)],
+            "project": []}
+
+
 def _conv_bn(c_in: int, c_out: int, kernel: int = 1, stride: int = 1, groups: int = 1, relu: bool = True) -> list:
     layers = [nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False), nn.BatchNorm2d(c_out)]
     return layers + [nn.ReLU(inplace=True)] if relu else layers
@@ -266,20 +283,11 @@ class ShuffleUnit(nn.Module):
         if not can_shuffle(in_channels, out_channels, stride):
             raise ValueError(f"no ShuffleNetV2 unit maps {in_channels} to {out_channels} channels at stride {stride}")
         self.stride = stride
-        if stride == 1:
-            half = in_channels // 2
-            self.branch1 = nn.Sequential()  # the split-off half passes through
-            self.branch2 = nn.Sequential(*_conv_bn(half, half), *_conv_bn(half, half, 3, groups=half, relu=False),
-                                         *_conv_bn(half, half))
-            self.project = nn.Sequential(*_conv_bn(in_channels, out_channels)) if out_channels != in_channels else None
-        else:
-            left, right = out_channels // 2, out_channels - out_channels // 2
-            self.branch1 = nn.Sequential(*_conv_bn(in_channels, in_channels, 3, 2, groups=in_channels, relu=False),
-                                         *_conv_bn(in_channels, left))
-            self.branch2 = nn.Sequential(*_conv_bn(in_channels, right),
-                                         *_conv_bn(right, right, 3, 2, groups=right, relu=False),
-                                         *_conv_bn(right, right))
-            self.project = None
+        branches = unit_layers(in_channels, out_channels, stride)
+        self.branch1, self.branch2 = (nn.Sequential(*(m for spec in branches[k] for m in _conv_bn(*spec)))
+                                      for k in ("branch1", "branch2"))
+        project = branches["project"]
+        self.project = nn.Sequential(*(m for spec in project for m in _conv_bn(*spec))) if project else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride == 1:
@@ -309,13 +317,12 @@ def unit_stride(in_shape, out_shape) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
 def unit_params(in_channels: int, out_channels: int, stride: int) -> int:
-    """Parameters of a ``ShuffleUnit`` (built on the meta device, initialisers skipped: no memory, no work)."""
-    from ..building import _SkipInit
-
-    with torch.device("meta"), _SkipInit():
-        return sum(p.numel() for p in ShuffleUnit(in_channels, out_channels, stride).parameters())
+    """Parameters of a ``ShuffleUnit``, counted from ``unit_layers``: each conv's weight (no
+    bias) and its batch norm's weight and bias."""
+    return sum(c_out * (c_in // groups) * kernel * kernel + 2 * c_out
+               for layers in unit_layers(in_channels, out_channels, stride).values()
+               for c_in, c_out, kernel, _, groups, _ in layers)
 
 
 # --- students ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .groups import ChannelGroup
+from .groups import ChannelGroup, unique
 
 
 def drops(cuts: list[tuple[ChannelGroup, np.ndarray]]) -> dict[tuple[str, int], np.ndarray]:
@@ -22,7 +22,7 @@ def drops(cuts: list[tuple[ChannelGroup, np.ndarray]]) -> dict[tuple[str, int], 
     for group, channels in cuts:
         for key, idx in group.indices.items():
             out[key].append(idx[channels].ravel())
-    return {k: np.unique(np.concatenate(v)) for k, v in out.items()}
+    return {k: unique(np.concatenate(v)) for k, v in out.items()}
 
 
 def _owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, bool]]]:

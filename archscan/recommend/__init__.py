@@ -54,7 +54,7 @@ class Context:
         """The command that folds batch norms and rewrites attention for this model."""
         if not self.command:
             return "archscan.fuse(model, inputs, path='model-fused.pt2')"
-        from ..transform.fuse import output_path
+        from ..loading import output_path
 
         return f"archscan fuse {self.command} -o {output_path(self.report.model)}"
 
@@ -227,7 +227,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
         return []
     from ..errors import ArchscanError
     from ..prune import analyse, params_removed, plan, predict, totals
-    from ..transform.fuse import output_path
+    from ..loading import output_path
 
     try:
         grouping = ctx.grouping if ctx.grouping is not None else \

@@ -24,7 +24,7 @@ from ..building import Call, build_real, make_call
 from ..capture import _capture_context, export_program, strip_user_hooks
 from ..errors import ArchscanError, CaptureError, VerifyError
 from ..frames import short
-from ..loading import InputSpec, ModelTarget
+from ..loading import InputSpec, ModelTarget, output_path  # noqa: F401  (output_path: archscan.transform's API)
 from ..recording import output_tensors, quiet
 from .attention import Rewrite, rewrite_attention
 from .fold import Fold, Kept, fold_batch_norms
@@ -192,11 +192,4 @@ def _with_latency(result: FuseResult, model: nn.Module, fused: torch.export.Expo
                "threads": torch.get_num_threads() if device.type == "cpu" else None}
     return dataclasses.replace(result, latency=latency)
 
-
-def output_path(name: str, kind: str = "fused") -> str:
-    """Where a transform saves by default: ('zoo:resnet50', 'fused') -> 'resnet50-fused.pt2';
-    ('models/net.py:Net', 'pruned') -> 'Net-pruned.pt2'."""
-    stem = name.rpartition(":")[2] or name
-    stem = os.path.splitext(os.path.basename(stem))[0] or "model"
-    return f"{stem}-{kind}.pt2"
 
