@@ -608,3 +608,18 @@ def test_llama3_70b_grouping_is_fast_and_small():
     assert data["seconds"] < 30, data
     assert data["peak_kib"] < 2 * 1024 * 1024, data
     assert data["groups"] > 80 * 2  # per layer at least v->o and gate/up->down
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 300])
+@pytest.mark.parametrize("high", [1, 3, 1 << 62])
+def test_unique_helpers_match_numpy(n, high):
+    from archscan.prune.groups import unique, unique_rows
+
+    rng = np.random.default_rng(n * 7 + high % 97)
+    values = rng.integers(0, high, size=n)
+    assert np.array_equal(unique(values), np.unique(values))
+    rows = rng.integers(0, high, size=(n, 2))
+    count, rank = unique_rows(rows)
+    expected, inverse = np.unique(rows, axis=0, return_inverse=True)
+    assert count == len(expected)
+    assert np.array_equal(rank, np.ravel(inverse))

@@ -49,7 +49,9 @@ def apply_cuts(model: nn.Module, cuts: list[tuple[ChannelGroup, np.ndarray]]) ->
         old = getattr(owner, attr)
         new = old.detach()
         for dim, idx in dims.items():
-            keep = np.setdiff1d(np.arange(old.shape[dim]), idx)
+            keep = np.ones(old.shape[dim], dtype=bool)
+            keep[idx] = False
+            keep = np.flatnonzero(keep)
             new = new.index_select(dim, torch.as_tensor(keep, dtype=torch.long, device=old.device))
         for module, key, is_param in held.get(id(old), [(owner, attr, isinstance(old, nn.Parameter))]):
             if is_param:
