@@ -143,6 +143,27 @@ print(code, "torch" in sys.modules, "networkx" in sys.modules)
     assert torch_loaded == "False" and nx_loaded == "False", args
 
 
+def test_a_scan_command_imports_only_what_it_uses():
+    """The console's main job loads no compiler stack, no plotting, no transforms, no numpy.ma and,
+    with the typer versions pyproject allows, no pydantic (typer 0.29 converts options through it)."""
+    out = _python("""
+import io, json, sys, contextlib
+sys.argv = ["archscan", "zoo:mobilenet_v2", "--input", "1,3,64,64", "--json"]
+from archscan import cli
+cli._CONSOLE = True
+with contextlib.redirect_stdout(io.StringIO()) as text:
+    code = cli.main()
+import typer
+assert code == 0 and json.loads(text.getvalue())["recommendations"]
+print(json.dumps({"typer": typer.__version__, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in
+      ("pydantic", "matplotlib", "sympy") or m in ("numpy.ma", "archscan.transform", "torch._dynamo.eval_frame"))}))
+""")
+    result = json.loads(out.splitlines()[-1])
+    typer_version = tuple(int(p) for p in result["typer"].split(".")[:2])
+    expected = {"pydantic"} if typer_version >= (0, 29) else set()
+    assert {m.split(".")[0] if m.startswith("pydantic") else m for m in result["loaded"]} == expected, result
+
+
 def test_catalogue_matches_registry():
     from archscan import zoo
 
