@@ -36,6 +36,7 @@ from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
 from .frames import at, short
+from .graphmodule import graph_module
 from .loading import InputSpec, ModelTarget
 from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, output_tensors, python_stack,
                         quiet, shape_str, source_of)
@@ -88,7 +89,7 @@ def trace_fx(model: nn.Module, call: Call | None = None) -> torch.fx.GraphModule
     arguments that ``call`` does not pass are traced as their defaults (``mask=None`` stays None)."""
     tracer = _Tracer()
     graph = tracer.trace(model, concrete_args=_defaults_not_given(model, call) if call is not None else None)
-    return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    return graph_module(tracer.root, graph, model.__class__.__name__)
 
 
 def _forward_params(model: nn.Module) -> list[inspect.Parameter] | None:

@@ -21,6 +21,7 @@ from .building import Call
 from .costs import storage_key, tensors_in
 from .errors import CaptureError
 from .frames import at, short
+from .graphmodule import graph_module
 from .recording import NodeCosts, OpRecorder, first_tensor, output_tensors, python_stack, quiet
 
 
@@ -89,7 +90,7 @@ class _EagerGraphBuilder:
 
     def finish(self, out) -> torch.fx.GraphModule:
         self.graph.output(tuple(self._arg(t) for t in output_tensors(out)))
-        return torch.fx.GraphModule(self.model, self.graph, self.model.__class__.__name__)
+        return graph_module(self.model, self.graph, self.model.__class__.__name__)
 
 
 def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: set,

@@ -174,3 +174,20 @@ def test_all_captures_agree_on_zoo_models(name, spec):
     totals = {m: archscan.scan(f"zoo:{name}", specs, capture_method=m, rules=[]).totals
               for m in ("fx", "export", "eager")}
     assert len({(t.flops, t.params, t.mac_bytes, t.unused_params) for t in totals.values()}) == 1, totals
+
+
+def test_traced_graph_module_is_lazy_and_runs_as_the_model():
+    """archscan.graphmodule relies on torch's _LazyGraphModule: this fails when torch drops or
+    changes it (the fallback, a plain GraphModule, still works but costs ~5 ms a trace)."""
+    from archscan.capture import trace_fx
+    from archscan.graphmodule import LAZY
+
+    assert LAZY is not None, "torch.fx._lazy_graph_module._LazyGraphModule is gone: see archscan/graphmodule.py"
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    gm = trace_fx(model)
+    assert isinstance(gm, LAZY) and isinstance(gm, torch.fx.GraphModule)
+    assert gm._needs_recompile(), "the lazy GraphModule generated its code at once: no time saved"
+    assert torch.equal(gm(x), expected)  # forward compiles on first call
+    assert not gm._needs_recompile() and "def forward" in gm.code
