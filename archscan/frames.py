@@ -76,12 +76,17 @@ def user_frame(exc: BaseException, prefer_file: str | None = None) -> str | None
 
 def where(fname: str, lineno: int | None) -> str:
     """'file.py:LINE', relative to the working directory when the file is below it."""
-    try:
-        rel = os.path.relpath(fname)
-        fname = rel if not rel.startswith("..") else fname
-    except ValueError:  # another drive on Windows
-        pass
+    fname = _shown_path(fname, os.getcwd())
     return f"{fname}:{lineno}" if lineno is not None else fname
+
+
+@lru_cache(maxsize=4096)
+def _shown_path(fname: str, cwd: str) -> str:  # a report names a few files on every node
+    try:
+        rel = os.path.relpath(fname, cwd)
+        return rel if not rel.startswith("..") else fname
+    except ValueError:  # another drive on Windows
+        return fname
 
 
 def at(exc: BaseException, prefer_file: str | None = None) -> str:

@@ -89,7 +89,7 @@ class UnionFind:
         root = parent[x]
         while True:
             nxt = parent[root]
-            if np.array_equal(nxt, root):
+            if (nxt == root).all():  # same shape: cheaper than np.array_equal's checks
                 break
             root = nxt
         parent[x] = root  # path compression for the labels asked about
