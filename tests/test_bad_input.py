@@ -79,7 +79,7 @@ def net(model_file):
 
 USAGE = [
     (["zoo:resnet18", "--inptu", "1,3,8,8"], ["--inptu"]),
-    (["zoo:resnet18", "--depth", "abc"], ["--depth", "'abc'", "int"]),
+    (["zoo:resnet18", "--depth", "abc"], ["--depth", "int"]),
     (["zoo:resnet18", "--input"], ["--input"]),
     (["zoo:resnet18", "--depth", "-1"], ["--depth"]),
     (["zoo:resnet18", "--threads", "0"], ["--threads"]),
