@@ -950,14 +950,14 @@ def _groups(mode: LabelMode) -> Grouping:
     g_e, m_e, c_e, i_e = g_e[order], m_e[order], c_e[order], i_e[order]
     del order
     g_bounds = np.searchsorted(g_e, np.arange(n_groups + 1))
-    first_class = {}  # group -> position of its first class (for its signature)
-    for pos in keep:
-        first_class.setdefault(int(group_of_class[pos]), int(pos))
+    first_class = np.full(n_groups, len(class_start), dtype=np.int64)  # group -> position of its first class
+    np.minimum.at(first_class, which, keep)
     groups = []
     for g in range(n_groups):
         lo, hi = g_bounds[g], g_bounds[g + 1]
-        start = class_start[first_class[g]]
-        stop = class_start[first_class[g] + 1] if first_class[g] + 1 < len(class_start) else len(run_root)
+        first = int(first_class[g])
+        start = class_start[first]
+        stop = class_start[first + 1] if first + 1 < len(class_start) else len(run_root)
         sig_members, sig_counts = run_member[start:stop], run_count[start:stop]
         n_classes = int(hi - lo) // int(sig_counts.sum())
         indices, at = {}, lo
