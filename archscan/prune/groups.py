@@ -62,6 +62,14 @@ def unique_rows(rows: np.ndarray) -> tuple[int, np.ndarray]:
     return int(new.sum()), rank
 
 
+def _broadcast_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two label arrays broadcast to where either varies."""
+    target = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
+    if math.prod(target) > 50_000_000:
+        raise _Unsupported("labels too large to unite")
+    return np.broadcast_to(a, target), np.broadcast_to(b, target)
+
+
 class UnionFind:
     """Union-find over int labels, vectorised with numpy (labels are allocated in blocks)."""
 
@@ -356,13 +364,15 @@ class LabelMode(TorchDispatchMode):
 
     def _unite(self, a: np.ndarray, b: np.ndarray, shape) -> np.ndarray:
         """Unite two label arrays element by element (both broadcast to where either varies)."""
-        target = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
-        if math.prod(target) > 50_000_000:
-            raise _Unsupported("labels too large to unite")
-        a_full, b_full = np.broadcast_to(a, target), np.broadcast_to(b, target)
-        self.uf.union(a_full, b_full)
+        self.uf.union(*_broadcast_pair(a, b))
         # the result: the finer of the two (the one varying along more dims)
         return a if a.size >= b.size else b
+
+    def _unite_all(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """``_unite`` of several pairs in one union (a norm's weight, bias and statistics with its input)."""
+        if pairs:
+            full = [_broadcast_pair(a, b) for a, b in pairs]
+            self.uf.union(np.concatenate([np.ravel(a) for a, _ in full]), np.concatenate([np.ravel(b) for _, b in full]))
 
     def _view(self, x: torch.Tensor, out: torch.Tensor) -> None:
         _view_like(self, x, out, pin_splits=True)
@@ -400,9 +410,7 @@ class LabelMode(TorchDispatchMode):
         channels = [self._dim_labels(p, 0) for p in (weight, bias, mean, var) if isinstance(p, torch.Tensor)]
         outs = _tensors(out)
         if lab is not None:
-            for c in channels:
-                if c is not None:
-                    self._unite(c.reshape([1, -1] + [1] * (x.dim() - 2)), lab, None)
+            self._unite_all([(c.reshape([1, -1] + [1] * (x.dim() - 2)), lab) for c in channels if c is not None])
         elif channels and channels[0] is not None:
             self.pin("a norm over channels with no identity", *channels)
         self.set(outs[0], lab)
