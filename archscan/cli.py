@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         return _report(exc, debug)
     except Exception as exc:
         return _report(_unforeseen(exc), debug)
-    if rc == _INTERRUPTED:  # typer >= 0.29 turns Ctrl-C into Exit(130)
+    if rc == _INTERRUPTED:  # typer 0.28 and later turn Ctrl-C into Exit(130)
         typer.echo("archscan: interrupted", err=True)
     return rc
 
@@ -629,8 +629,8 @@ def _report(exc: ArchscanError, debug: bool) -> int:
 
 
 def _usage_error_type() -> type:
-    """click's ClickException, found from typer's public BadParameter: typer >= 0.29 ships its own
-    copy of click (``typer._click``) and older versions use click itself."""
+    """click's ClickException, found from typer's public BadParameter: typer 0.28 and later ship
+    their own copy of click (``typer._click``) and older versions use click itself."""
     return next((c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"), typer.BadParameter)
 
 
