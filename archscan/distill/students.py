@@ -257,6 +257,10 @@ def _conv_bn(c_in: int, c_out: int, kernel: int = 1, stride: int = 1, groups: in
     return layers + [nn.ReLU(inplace=True)] if relu else layers
 
 
+def _conv_bns(layers: list[ConvBN]) -> nn.Sequential:
+    return nn.Sequential(*(m for spec in layers for m in _conv_bn(*spec)))
+
+
 def channel_shuffle(x: torch.Tensor, groups: int = 2) -> torch.Tensor:
     """(N, g*c, H, W) -> view (N, g, c, H, W) -> transpose (N, c, g, H, W) -> (N, g*c, H, W)."""
     return x.unflatten(1, (groups, -1)).transpose(1, 2).flatten(1, 2)
@@ -284,10 +288,8 @@ class ShuffleUnit(nn.Module):
             raise ValueError(f"no ShuffleNetV2 unit maps {in_channels} to {out_channels} channels at stride {stride}")
         self.stride = stride
         branches = unit_layers(in_channels, out_channels, stride)
-        self.branch1, self.branch2 = (nn.Sequential(*(m for spec in branches[k] for m in _conv_bn(*spec)))
-                                      for k in ("branch1", "branch2"))
-        project = branches["project"]
-        self.project = nn.Sequential(*(m for spec in project for m in _conv_bn(*spec))) if project else None
+        self.branch1, self.branch2 = _conv_bns(branches["branch1"]), _conv_bns(branches["branch2"])
+        self.project = _conv_bns(branches["project"]) if branches["project"] else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride == 1:
