@@ -160,6 +160,12 @@ def build_meta(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = (
     return model
 
 
+def on_meta(model: nn.Module) -> bool:
+    """Every parameter and buffer of ``model`` is on the meta device (``build_meta`` made it, or a
+    copy of such a model): a direct run can capture it."""
+    return all(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
 def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,
                specs: Sequence[InputSpec] = ()) -> nn.Module:
     """Construct the model with real weights on the CPU (lazy modules materialised by one forward)."""

@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import direct
-from .building import Call, build_fake, build_meta, build_real, make_call
+from .building import Call, build_fake, build_meta, build_real, make_call, on_meta
 from .costs import storage_key
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
@@ -295,7 +295,7 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
         model = build_meta(target, kwargs, specs).eval()
     except Exception:
         return None
-    return model if all(t.is_meta for t in [*model.parameters(), *model.buffers()]) else None
+    return model if on_meta(model) else None
 
 
 def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str], groups: bool = False) -> Captured | None:

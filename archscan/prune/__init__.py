@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..building import build_fake, build_real, make_call
+from ..building import build_fake, build_real, make_call, on_meta
 from ..capture import _capture_context, strip_user_hooks
 from ..direct import Direct
 from ..errors import ArchscanError, CaptureError
@@ -56,7 +56,7 @@ def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         if fake_mode is not None:
             with _capture_context():
                 return find_groups(model, make_call(specs, dtype, fake_mode), fake_mode)
-        if all(t.is_meta for t in [*model.parameters(), *model.buffers()]):  # a direct run's model
+        if on_meta(model):  # a direct run's model
             try:
                 with _capture_context():
                     return find_groups(model, make_call(specs, dtype), Direct())
