@@ -1,84 +1,28 @@
-"""``archscan.scan``: the library entry point the CLI is a thin face over."""
+"""The orchestrator: ``archscan.scan`` and ``archscan.fuse``, the library entry points the CLI is a thin face over.
+
+``scan`` runs the analysis core (``archscan.analysis``: load, capture, cost, graph), then the
+measurement and predictions (``archscan.measure``), then the rules (they read the measurements)
+and the recommendations that answer them (``archscan.recommend``). It stands on every stage and
+none stands on it: the transforms, prune, distill and compare call the core's ``analyse``.
+"""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import linecache
-from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
-import torch.fx
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.node import _get_qualified_name
 
-from .capture import Captured, NodeCosts, capture, module_stack, seeded_rng, source_of
-from .costs import CATEGORIES, storage_key
+from .analysis import analysis, check_rules
+from .capture import seeded_rng
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
-from .loading import InputSpec, ModelTarget, dtype_name, parse_dtype, parse_input_spec, resolve_target
-from .measure import (DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report,
-                      resolve_device)
-from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
+from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
+from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
-from .rules import RuleContext, run_rules, select_rules
-
-InputLike = InputSpec | str | Sequence[int] | torch.Tensor
-
-
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, torch.Size) or (isinstance(x, (tuple, list)) and all(isinstance(d, int) for d in x))
-
-
-def _to_spec(x: InputLike) -> InputSpec:
-    if isinstance(x, InputSpec):
-        return x
-    if isinstance(x, str):
-        return parse_input_spec(x)
-    if isinstance(x, torch.Tensor):
-        return InputSpec(tuple(int(s) for s in x.shape), x.dtype)
-    if _is_shape(x):
-        return InputSpec(tuple(int(d) for d in x))
-    raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
-
-
-def to_target(model: Any, name: str | None = None) -> ModelTarget:
-    if isinstance(model, ModelTarget):
-        return model
-    if isinstance(model, str):
-        return resolve_target(model)
-    if isinstance(model, nn.Module):
-        return ModelTarget(name or type(model).__name__, None, instance=model)  # copied before faking
-    if callable(model):
-        return ModelTarget(name or getattr(model, "__name__", "model"), model)
-    raise ArchscanError(f"cannot analyse a {type(model).__name__}", hint="give an nn.Module, a class, a factory or 'file.py:Name'")
-
-
-def model_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """``--dtype`` as a torch dtype (floating point only)."""
-    if isinstance(dtype, str):
-        dtype = parse_dtype(dtype)
-    if dtype is not None and not dtype.is_floating_point:
-        raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
-    return dtype
-
-
-def input_specs(inputs: Sequence[InputLike] | InputLike | dict, dtype: torch.dtype | None = None) -> list[InputSpec]:
-    """``scan``'s ``inputs`` argument as specs; float32 inputs take the model's ``dtype``."""
-    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
-        inputs = [inputs]  # one input, not a list of them
-    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
-        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
-    if any(isinstance(x, dict) for x in inputs):
-        raise ArchscanError("nested dict inputs are not supported",
-                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
-    specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
-             for s in map(_to_spec, inputs)]
-    if not specs:
-        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
-    return specs
+from .results import Report
+from .rules import select_rules
 
 
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
@@ -113,9 +57,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if options is not None:
         check_options(options)  # a device that is not there fails now, not after the analysis
     target = to_target(model, name)
-    if target.instance is not None and kwargs:
-        raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
-                            hint="point archscan at the class or a factory to pass constructor arguments")
+    check_kwargs(target, kwargs)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     try:
         with seeded_rng():
@@ -159,9 +101,16 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
-    captured = capture(target, specs, kwargs, dtype, capture_method, groups=advise)
-    report = build_report(captured, name or target.name, specs, dtype)
-    build = (target, specs, kwargs, dtype) + ((captured.model, captured.grouping) if captured.fake else (None, None))
+    observers = ()
+    if advise:  # the prune recommendations' channel groups, found in the capture's own run
+        from .prune.groups import ChannelLabels
+
+        observers = (ChannelLabels(),)
+    found = analysis(target, specs, kwargs=kwargs, dtype=dtype, capture_method=capture_method, name=name,
+                     observers=observers)
+    report, captured = found.report, found.captured
+    grouping = captured.observed.get(observers[0].key) if observers else None
+    build = (target, specs, kwargs, dtype) + ((captured.model, grouping) if captured.fake else (None, None))
     try:
         real = None if captured.fake else captured.model
         report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
@@ -204,9 +153,7 @@ def _advise(report: Report, selected: list[str], profile, advise: bool, build=(N
     recommenders that count changed copies of it."""
     if not selected and not advise:
         return report
-    ctx = RuleContext(report)
-    report = run_rules(report, selected, ctx) if selected else report
-    report = dataclasses.replace(report, blocks=tuple(b.to_json() for b in ctx.blocks))
+    report, ctx = check_rules(report, selected)
     target, specs, kwargs, dtype, model, grouping = build
     return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
                       model=model, grouping=grouping) if advise else report
@@ -225,251 +172,10 @@ def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile,
     return (apply_predictions(report, profile), profile) if profile is not None else (report, None)
 
 
-# --- building the report from the annotated graph ----------------------------------------------------
+def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequence[int] = (), **options):
+    """``archscan compare``: every model scanned (``scan``: measured and predicted where asked,
+    with its findings and recommendations) and summarised in a row; see ``archscan.compare.compare``
+    for the arguments. Returns an ``archscan.compare.Comparison``."""
+    from .compare import compare as _compare
 
-def _op_name(node: torch.fx.Node) -> str:
-    """A node's op, human-readable: 'Conv2d', 'Tensor.view', 'aten.conv2d', 'operator.add'."""
-    if node.op == "call_module":
-        return type(node.graph.owning_module.get_submodule(node.target)).__name__
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target.overloadpacket) if target._overloadname == "default" else str(target)
-    try:
-        return _get_qualified_name(target).replace("torch.nn.functional.", "F.").replace("_operator.", "operator.")
-    except Exception:
-        return str(target)
-
-
-def _node_category(costs: NodeCosts, module_type: str = "") -> str:
-    present = {c.category for c in costs.ops}
-    if "Pool" in module_type and present <= {"pooling", "reduction", "view", "factory"}:
-        return "pooling"  # adaptive pooling to 1x1 runs as a mean: still a pooling layer
-    for cat in CATEGORIES:
-        if cat in present:
-            return cat
-    return "view"
-
-
-def _merge_attrs(costs: NodeCosts) -> dict:
-    """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
-    several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
-    attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
-    by_category: Counter = Counter()
-    for c in costs.ops:
-        if c.mac_bytes:
-            by_category[c.category] += c.mac_bytes
-    if len(by_category) > 1:
-        attrs["mac_by_category"] = dict(by_category)
-    return attrs
-
-
-_HOST_FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,
-                   torch.arange, torch.randn, torch.rand, torch.randint, torch.eye, torch.linspace}
-_DEVICE_METHODS = {"to", "cuda", "cpu"}
-
-
-def _executes(node: torch.fx.Node) -> bool:
-    """Did the node run something (a report row)? Pure Python values (x.size(), getattr) did not."""
-    costs = node.meta.get("archscan")
-    if costs is None:
-        return False
-    # export's metadata asserts (``.to()`` leaves aten._assert_tensor_metadata) check, run nothing
-    return costs.out_shape is not None or any(not c.op.startswith("aten._assert") for c in costs.ops)
-
-
-def _passes_device(source: str | None) -> bool | None:
-    """Does every torch.tensor/as_tensor call that starts on the source line pass a device?
-    None when no such call starts there (or the line cannot be read)."""
-    fname, _, line = (source or "").rpartition(":")
-    if not (fname and line.isdigit()):
-        return None
-    lines, first = linecache.getlines(fname), int(line)
-    for end in range(first, min(first + 20, len(lines)) + 1):  # a call may span lines
-        try:
-            tree = ast.parse("".join(lines[first - 1:end]).strip())
-        except SyntaxError:
-            continue
-        calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == 1
-                 and getattr(c.func, "attr", getattr(c.func, "id", None)) in ("tensor", "as_tensor", "asarray")]
-        return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
-                       for k in c.keywords) for c in calls) if calls else None
-    return None
-
-
-def _placement_attrs(node: torch.fx.Node) -> dict:
-    """Where a node's tensors come from: host factories without ``device=``, ``.to(device)``, and the
-    graph inputs and attributes it shares with other nodes.
-
-    ``shared_inputs`` names the placeholders and get_attr nodes (not report nodes themselves) that
-    this node reads and at least one other node reads too: ``archscan.graph`` finds fork/join blocks
-    that fork there (an inception block on the model input). A ``torch.tensor(...)`` that export or
-    the eager capture record as ``lift_fresh`` has lost its ``device=`` argument: the call on the
-    node's source line tells whether it passed one (fx keeps it as a kwarg). Export's stack traces
-    stop at the innermost ``forward``, so a call made in a helper below it (Hugging Face cache
-    code) is not on that line: ``host_factory_unchecked`` says so, unless the tensor is 0-dim with
-    no call on the line, a Python number torch wrapped, which kernels take as a scalar.
-    """
-    attrs: dict = {}
-    shared = [a.name for a in node.all_input_nodes
-              if a.op in ("placeholder", "get_attr") and sum(map(_executes, a.users)) > 1]
-    if shared:
-        attrs["shared_inputs"] = shared
-    target = node.target
-    if node.op == "call_function" and target in _HOST_FACTORIES and node.kwargs.get("device") is None:
-        attrs["host_factory"] = True
-    elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
-        name = target.overloadpacket.__name__
-        if name in ("lift_fresh", "lift_fresh_copy"):
-            device, costs = _passes_device(source_of(node)), node.meta.get("archscan")
-            scalar = costs is not None and costs.out_shape == ()  # a Python number wrapped (x[:, 0] = 5)
-            if device is None and not scalar:
-                attrs["host_factory_unchecked"] = True
-            elif device is False:
-                attrs["host_factory"] = True
-        elif name == "_to_copy" and node.kwargs.get("device") is not None:
-            attrs["device_move"] = True
-    elif node.op == "call_method" and target in _DEVICE_METHODS:
-        moves = target != "to" or any(isinstance(a, (str, torch.device)) or (isinstance(a, torch.fx.Node)
-                                      and a.op == "call_function" and a.target is getattr)
-                                      for a in list(node.args[1:]) + [node.kwargs.get("device")])
-        if moves:
-            attrs.update(device_move=True, to_host=target == "cpu")
-    return attrs
-
-
-def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype) -> Report:
-    """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
-    gm, model = captured.gm, captured.model
-    seen_params: set = set()
-    nodes: list[NodeReport] = []
-    uncounted: Counter = Counter()
-    kept: set[str] = set()
-    node_stacks: list[list[tuple[str, str]]] = []
-    for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method", "call_module"):
-            continue
-        if not _executes(node):
-            continue  # pure Python values (x.size(), getattr): nothing executed
-        costs: NodeCosts = node.meta["archscan"]
-        new_params = costs.param_keys - seen_params
-        seen_params |= new_params
-        params = sum(captured.param_numel[k] for k in new_params)
-        for c in costs.ops:
-            if not c.counted:
-                uncounted[c.op] += 1
-        stack = module_stack(node)
-        if node.op == "call_module" and (not stack or stack[-1][0] != node.target):
-            sub = gm.get_submodule(node.target)
-            stack = stack + [(node.target, type(sub).__name__)]
-        op = _op_name(node)
-        module, module_type = (stack[-1] if stack else ("", type(model).__name__))
-        leaf_type = module_type if node.op == "call_module" else ""
-        nodes.append(NodeReport(
-            name=node.name, op=op, module=module, module_type=module_type,
-            category=_node_category(costs, leaf_type),
-            flops=sum(c.flops for c in costs.ops), elem_ops=sum(c.elem_ops for c in costs.ops),
-            mac_bytes=sum(c.mac_bytes for c in costs.ops), read_bytes=sum(c.read_bytes for c in costs.ops),
-            write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
-            params=params, out_shape=costs.out_shape,
-            dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
-            source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
-            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs={**_merge_attrs(costs), **_placement_attrs(node)},
-        ))
-        kept.add(node.name)
-        node_stacks.append(stack)
-    unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
-    modules = _module_reports(model, nodes, node_stacks, set(unused_names))
-    all_params = {}
-    for _, p in model.named_parameters(remove_duplicate=True):
-        all_params[id(p)] = p
-    total_params = sum(p.numel() for p in all_params.values())
-    param_bytes = sum(p.numel() * p.element_size() for p in all_params.values())
-    used = sum(n.params for n in nodes)
-    totals = Totals(
-        params=total_params, flops=sum(n.flops for n in nodes), mac_bytes=sum(n.mac_bytes for n in nodes),
-        elem_ops=sum(n.elem_ops for n in nodes), read_bytes=sum(n.read_bytes for n in nodes),
-        write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
-        used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
-    )
-    return Report(
-        unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,
-        host_syncs=captured.host_syncs,
-        model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
-        dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
-        modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
-    )
-
-
-def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
-    """Tensors fx baked as constants that forward builds on the host each call.
-
-    fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
-    archscan builds every parameter and buffer as a fake or meta tensor (``archscan.direct``) and fx
-    traces outside fake mode, so a fake or meta constant was computed from them
-    (``self.relative_position_index.view(-1)`` in Swin, BEiT, MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
-    or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
-    """
-    registered = {storage_key(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]
-                  if not name.rpartition(".")[2].startswith("_tensor_constant")}  # fx registers constants too
-    out = []
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
-            value = getattr(gm, node.target, None)
-            if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or value.is_meta
-                                                    or storage_key(value) in registered):
-                continue  # the model's own state, viewed or computed at trace time
-            for user in node.users:
-                out.append({"name": node.target, "consumer": user.name, "source": source_of(user),
-                            "shape": list(value.shape) if isinstance(value, torch.Tensor) else None})
-    return tuple(out)
-
-
-def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]],
-                    unused_names: set[str]) -> list[ModuleReport]:
-    """Sum node costs into every module on each node's stack; every registered module is listed."""
-    agg: dict[str, dict] = {}
-    types: dict[str, str] = {}
-    kinds: dict[str, tuple[bool, bool]] = {}
-    for path, mod in model.named_modules(remove_duplicate=False):
-        kinds[path] = (isinstance(mod, (nn.Sequential, nn.ModuleList, nn.ModuleDict)),
-                       type(mod).__module__.startswith("torch.nn."))
-        agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
-        if type(mod) not in (nn.Module, torch.fx.GraphModule):  # an exported program's: nodes know the types
-            types.setdefault(path, type(mod).__name__)
-    for node, stack in zip(nodes, stacks):
-        for p, t in stack:
-            types.setdefault(p, t)
-        # every ancestor of the innermost module: containers such as ModuleList never run
-        # a forward of their own, so they are not on the stack
-        paths = {p for p, _ in stack} | set(module_and_ancestors(node.module))
-        for p in paths:
-            a = agg.setdefault(p, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
-            a["flops"] += node.flops
-            a["elem_ops"] += node.elem_ops
-            a["mac_bytes"] += node.mac_bytes
-            a["nodes"] += 1
-            a["out"] = node.out_shape
-            a["cats"][node.category] += node.mac_bytes + node.flops
-    params: Counter = Counter()
-    unused: Counter = Counter()
-    seen: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        for owner in module_and_ancestors(name.rpartition(".")[0]):
-            params[owner] += p.numel()
-            if name in unused_names:
-                unused[owner] += p.numel()
-    out = []
-    for path, a in agg.items():
-        cat = a["cats"].most_common(1)[0][0] if a["cats"] else ""
-        out.append(ModuleReport(
-            path=path, type=types.get(path, type(model).__name__ if path == "" else "?"),
-            depth=0 if path == "" else path.count(".") + 1, flops=a["flops"], elem_ops=a["elem_ops"],
-            mac_bytes=a["mac_bytes"], params=params.get(path, 0), nodes=a["nodes"], out_shape=a["out"], category=cat,
-            unused_params=unused.get(path, 0), container=kinds.get(path, (False, False))[0], builtin=kinds.get(path, (False, False))[1],
-        ))
-    return out
+    return _compare(targets, input_sets, batches, analyse=scan, **options)

@@ -32,10 +32,10 @@ def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
             memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
     with warnings.catch_warnings():  # an exported program's tree specs warn about their own deprecations
         warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
+        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
 
 
-def _derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+def derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:
     """Add to a deepcopy memo the tensors modules keep as plain attributes that autograd computed
     (``nn.utils.weight_norm`` stores ``weight`` so): deepcopy refuses non-leaf tensors, and the
     hook that computed them recomputes them in the copy's next forward."""
@@ -170,7 +170,7 @@ def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,
                specs: Sequence[InputSpec] = ()) -> nn.Module:
     """Construct the model with real weights on the CPU (lazy modules materialised by one forward)."""
     try:
-        model = (copy.deepcopy(target.instance, _derived_tensors(target.instance, {}, lambda t: t.detach().clone()))
+        model = (copy.deepcopy(target.instance, derived_tensors(target.instance, {}, lambda t: t.detach().clone()))
                  if target.instance is not None else target.build(kwargs))
     except ArchscanError:
         raise

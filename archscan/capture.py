@@ -22,8 +22,8 @@ import contextlib
 import functools
 import inspect
 import math
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.fx
@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from . import direct
 from .building import Call, build_fake, build_meta, build_real, make_call, on_meta
 from .costs import storage_key
+from .devices import available_bytes
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
 from .frames import at, short
@@ -41,7 +42,7 @@ from .loading import InputSpec, ModelTarget
 from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, output_tensors, python_stack,
                         quiet, shape_str, source_of)
 
-__all__ = ["Captured", "NodeCosts", "capture", "module_stack", "source_of", "trace_export", "trace_fx"]
+__all__ = ["Captured", "NodeCosts", "Observer", "capture", "capture_context", "module_stack", "source_of", "trace_export", "trace_fx"]
 
 
 @dataclass
@@ -58,7 +59,25 @@ class Captured:
     training: bool = False             # the user's module instance was in train mode
     host_syncs: tuple[dict, ...] = ()  # Python-level syncs the graph does not show (SyncWatcher)
     fake: bool = True                  # ``model`` holds no real weights: fake or meta tensors (a direct run)
-    grouping: Any = None               # the model's channel groups (``archscan.prune``), found in the same run
+    observed: dict[str, Any] = field(default_factory=dict)  # Observer.key -> what it found in the same run
+
+
+class Observer(Protocol):
+    """What rides the capture's one run, handed in by the stage that needs it (the channel labels
+    of ``archscan.prune.groups.ChannelLabels``): the capture imports none of them.
+
+    ``mode(model)`` gives a dispatch mode the run stacks between the tensors and the cost
+    recorder; after the run ``result(mode, output, model)`` says what it found, kept in
+    ``Captured.observed[key]``. Only a direct run (``archscan.direct``) carries observers today:
+    where the capture takes another path the key is absent and the stage finds what it needs
+    itself.
+    """
+
+    key: str
+
+    def mode(self, model: nn.Module) -> Any: ...
+
+    def result(self, mode: Any, output: Any, model: nn.Module) -> Any: ...
 
 
 def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
@@ -183,17 +202,19 @@ class _NodeFailure(Exception):
         return f"{where}{' at ' + src if src else ''} rejected input of shape {self.shapes}: {msg}"
 
 
-def _interpret(gm, call: Call, fake_mode, recorder, below=None) -> Any:
-    """Run ``gm`` under ``recorder`` (with ``below``, another mode, between it and ``fake_mode``)."""
+def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = ()) -> Any:
+    """Run ``gm`` under ``recorder`` (with ``below``, the observers' modes, between it and ``fake_mode``)."""
     interp = CostInterpreter(gm, recorder)
-    with fake_mode, below or contextlib.nullcontext(), recorder, torch.no_grad(), quiet():
+    with contextlib.ExitStack() as stack:
+        for mode in (fake_mode, *below, recorder, torch.no_grad(), quiet()):
+            stack.enter_context(mode)
         return interp.run(*call.graph_args(gm))
 
 
 # --- the entry point -----------------------------------------------------------------------------------
 
 def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
-            dtype: torch.dtype | None = None, method: str = "auto", groups: bool = False) -> Captured:
+            dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = ()) -> Captured:
     """Capture and cost a model (see module docstring).
 
     ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded: it tells
@@ -208,19 +229,19 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         kwargs: constructor arguments.
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
-        groups: find the model's channel groups in the same run (``Captured.grouping``) where a
-            direct run captures it; ``archscan.prune.analyse`` finds them otherwise.
+        observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
+            direct run captures the model.
     """
-    with _capture_context():
-        return _capture(target, specs, kwargs or {}, dtype, method, groups)
+    with capture_context():
+        return _capture(target, specs, kwargs or {}, dtype, method, observers)
 
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
-             method: str, groups: bool = False) -> Captured:
+             method: str, observers: Sequence[Observer] = ()) -> Captured:
     meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx") and _direct_allowed(target, specs, dtype) else None
     hooks = strip_user_hooks(meta) if meta is not None else None
     if meta is not None:
-        captured = _try_direct(meta, specs, hooks, groups)
+        captured = _try_direct(meta, specs, hooks, observers)
         if captured is not None:
             return captured
     failures: dict[str, str] = {}
@@ -298,7 +319,8 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
     return model if on_meta(model) else None
 
 
-def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str], groups: bool = False) -> Captured | None:
+def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
+                observers: Sequence[Observer] = ()) -> Captured | None:
     """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
     the fake path then runs (and says what is wrong, if anything is)."""
@@ -312,25 +334,17 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str], 
     if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
         return None
     names, numel, weight_keys = _weight_maps(model)
-    labels = None
-    if groups:
-        from .prune.groups import label_mode
-
-        labels = label_mode(model)
+    modes = [observer.mode(model) for observer in observers]
     try:
-        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)), labels)
+        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)), modes)
     except _NodeFailure as failure:
         if isinstance(failure.exc, direct.Stop) or not _model_rejects(model, call, direct.Direct()):
             return None
         raise _rejected(failure, model, call) from failure.exc
     except Exception:
         return None
-    grouping = None
-    if labels is not None:
-        from .prune.groups import grouping_of
-
-        grouping = grouping_of(labels, out, model)
-    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), grouping=grouping)
+    observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), observed=observed)
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
@@ -380,7 +394,7 @@ def seeded_rng():
 
 
 @contextlib.contextmanager
-def _capture_context():
+def capture_context():
     """What every capture runs under: a seeded RNG (see ``seeded_rng``), fused fast paths off (see
     README "Capture": fx, export and eager then see the same ops), and the global module hooks
     the user registered set aside."""
@@ -442,8 +456,6 @@ def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype:
                      failures: dict[str, str]) -> None:
     """The eager capture allocates real weights and inputs: fail with one line, before allocating,
     when they would not fit in the memory that is free. ``model`` (fake or real) gives the weights."""
-    from .measure.run import available_bytes
-
     need = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
     if model is not None:
         need += sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))

@@ -335,7 +335,7 @@ def compare_cmd(
     sets = list(input or [])
     planned = jobs(models, sets, batches)  # every name and input checked before torch is imported
     _analysis_process()
-    from .compare import compare
+    from .api import compare
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
 
     options = MeasureOptions(device=device, threads=threads)

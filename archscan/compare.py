@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import ArchscanError
 
@@ -203,12 +203,17 @@ def sort_rows(rows: list[dict], key: str | None) -> None:
 
 
 def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequence[int] = (), *,
-            measure=None, profile=None, baseline: str | None = None, sort: str | None = None,
-            progress: Callable[[str, str], None] | None = None, debug: bool = False) -> Comparison:
-    """Scan every model (``jobs``) and summarise each in a row.
+            analyse: Callable[..., Any], measure=None, profile=None, baseline: str | None = None,
+            sort: str | None = None, progress: Callable[[str, str], None] | None = None,
+            debug: bool = False) -> Comparison:
+    """Analyse every model (``jobs``) and summarise each in a row.
 
     Args:
         targets: model targets or zoo patterns, each optionally ``MODEL@INPUTS``.
+        analyse: what makes each model's ``Report``, called as ``archscan.scan`` is:
+            ``analyse(target, specs, name=..., measure=..., profile=...)``. The caller hands it in
+            (``archscan.api.compare`` hands ``archscan.scan``), so this module stands below the
+            orchestrator.
         input_sets: ``--input`` values, one per set (inputs of a set joined by ``;``).
         batches: batch sizes to sweep (each replaces the first dimension of every input).
         measure: ``MeasureOptions`` to time each model (one at a time).
@@ -218,7 +223,6 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
         progress: called with (model, phase) as the work goes.
         debug: raise a model's error instead of making it a row.
     """
-    from .api import scan
     from .loading import resolve_target
 
     if sort is not None and sort not in SORT_KEYS:
@@ -237,7 +241,7 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
                                     hint=f"give it one: {job.target}@1,3,224,224 or --input 1,3,224,224")
             if job.batch is not None:
                 specs = with_batch(specs, job.batch)
-            report = scan(target, specs, name=job.label, measure=measure, profile=profile)
+            report = analyse(target, specs, name=job.label, measure=measure, profile=profile)
         except (ArchscanError, MemoryError, RuntimeError) as exc:
             if debug:
                 raise

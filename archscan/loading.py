@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -22,7 +23,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -307,3 +308,68 @@ def resolve_target(target: str) -> ModelTarget:
         raise ArchscanError(f"{target} is {'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}, not a module class or factory",
                             hint="point archscan at an nn.Module class, a function returning one, or an instance")
     return ModelTarget(target, obj, source_file=source)
+
+
+# --- what the library's callers hand over: models and inputs in any of their forms ---------------
+
+InputLike = InputSpec | str | Sequence[int] | torch.Tensor
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, torch.Size) or (isinstance(x, (tuple, list)) and all(isinstance(d, int) for d in x))
+
+
+def _to_spec(x: InputLike) -> InputSpec:
+    if isinstance(x, InputSpec):
+        return x
+    if isinstance(x, str):
+        return parse_input_spec(x)
+    if isinstance(x, torch.Tensor):
+        return InputSpec(tuple(int(s) for s in x.shape), x.dtype)
+    if _is_shape(x):
+        return InputSpec(tuple(int(d) for d in x))
+    raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
+
+
+def to_target(model: Any, name: str | None = None) -> ModelTarget:
+    if isinstance(model, ModelTarget):
+        return model
+    if isinstance(model, str):
+        return resolve_target(model)
+    if isinstance(model, nn.Module):
+        return ModelTarget(name or type(model).__name__, None, instance=model)  # copied before faking
+    if callable(model):
+        return ModelTarget(name or getattr(model, "__name__", "model"), model)
+    raise ArchscanError(f"cannot analyse a {type(model).__name__}", hint="give an nn.Module, a class, a factory or 'file.py:Name'")
+
+
+def model_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``--dtype`` as a torch dtype (floating point only)."""
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    if dtype is not None and not dtype.is_floating_point:
+        raise ArchscanError(f"--dtype {dtype_name(dtype)} is not a floating-point dtype", hint="use float32, float16 or bfloat16")
+    return dtype
+
+
+def input_specs(inputs: Sequence[InputLike] | InputLike | dict, dtype: torch.dtype | None = None) -> list[InputSpec]:
+    """``scan``'s ``inputs`` argument as specs; float32 inputs take the model's ``dtype``."""
+    if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
+        inputs = [inputs]  # one input, not a list of them
+    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
+        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
+    if any(isinstance(x, dict) for x in inputs):
+        raise ArchscanError("nested dict inputs are not supported",
+                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
+    specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
+             for s in map(_to_spec, inputs)]
+    if not specs:
+        raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
+    return specs
+
+
+def check_kwargs(target: ModelTarget, kwargs: dict | None) -> None:
+    """Constructor arguments need something to construct: a module instance takes none."""
+    if target.instance is not None and kwargs:
+        raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
+                            hint="point archscan at the class or a factory to pass constructor arguments")

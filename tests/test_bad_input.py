@@ -101,10 +101,10 @@ USAGE = [
 
 @pytest.mark.parametrize("args,needles", USAGE, ids=[" ".join(a) or "nothing" for a, _ in USAGE])
 def test_usage_errors_are_one_line_before_any_work(capsys, monkeypatch, args, needles):
-    from archscan import api
+    from archscan import analysis
     from archscan.measure import guidelines, profile
 
-    monkeypatch.setattr(api, "capture", lambda *a, **k: pytest.fail("analysed despite a bad option"))
+    monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed despite a bad option"))
     monkeypatch.setattr(profile, "_calibrate", lambda *a, **k: pytest.fail("calibrated despite a bad option"))
     monkeypatch.setattr(guidelines, "time_fn", lambda *a, **k: pytest.fail("measured despite a bad option"))
     expect_error(capsys, 2, needles, *args)
@@ -115,9 +115,9 @@ def test_no_arguments(capsys):
 
 
 def test_device_that_is_not_there(capsys, monkeypatch):
-    from archscan import api
+    from archscan import analysis
 
-    monkeypatch.setattr(api, "capture", lambda *a, **k: pytest.fail("analysed despite a bad device"))
+    monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed despite a bad device"))
     expect_error(capsys, 4, ["tpu"], "zoo:resnet18", "--device", "tpu")
     expect_error(capsys, 4, ["tpu"], "zoo:resnet18", "--measure", "--device", "tpu")
     expect_error(capsys, 4, ["tpu"], "guidelines", "--device", "tpu")
@@ -365,20 +365,20 @@ def test_lazy_modules(capsys, model_file):
 # --- interrupts and archscan's own failures ---------------------------------------------------------------
 
 def test_interrupt(capsys, net, monkeypatch):
-    from archscan import api
+    from archscan import analysis
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(api, "capture", interrupted)
+    monkeypatch.setattr(analysis, "capture", interrupted)
     code, _, err = run(capsys, f"{net}:Net", "--input", "2,8")
     assert code == 130 and err.strip() == "archscan: interrupted"
 
 
 def test_internal_error_is_one_line_and_debug_shows_the_traceback(capsys, net, monkeypatch):
-    from archscan import api
+    from archscan import analysis
 
-    monkeypatch.setattr(api, "build_report", len)  # a failure with no frame in model code: len() takes 1 argument
+    monkeypatch.setattr(analysis, "build_report", len)  # a failure with no frame in model code: len() takes 1 argument
     expect_error(capsys, 5, ["internal error", "TypeError", "--debug"], f"{net}:Net", "--input", "2,8")
     code, _, err = run(capsys, f"{net}:Net", "--input", "2,8", "--debug")
     assert code == 5 and "Traceback" in err and "len()" in err

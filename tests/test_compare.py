@@ -8,7 +8,8 @@ import pytest
 
 import archscan
 from archscan.cli import main
-from archscan.compare import compare, expand, jobs, with_batch
+from archscan.api import compare
+from archscan.compare import expand, jobs, with_batch
 from archscan.errors import ArchscanError
 
 

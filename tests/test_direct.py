@@ -18,6 +18,7 @@ import archscan
 from archscan import capture, direct, zoo
 from archscan.loading import ModelTarget, parse_input_spec, resolve_target
 from archscan.prune import analyse, meta_copy
+from archscan.prune.groups import ChannelLabels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIG = {"llama3_70b", "llama2_7b", "llama3_8b", "vit_h_14", "vit_l_16"}
@@ -68,11 +69,11 @@ def test_channel_groups_of_the_direct_run_equal_analyse():
     for name in ("mobilenet_v2", "resnet18", "shufflenet_v2_x0_5", "vit_tiny"):
         target = resolve_target("zoo:" + name)
         specs = [parse_input_spec(s) for s in target.default_inputs]
-        captured = capture.capture(target, specs, groups=True)
+        captured = capture.capture(target, specs, observers=[ChannelLabels()])
         alone = analyse(target, specs, model=captured.model)
-        assert captured.grouping is not None
+        grouping = captured.observed[ChannelLabels.key]
         key = lambda g: [(x.id, x.channels, x.pinned, x.producers, x.modules) for x in g.groups]  # noqa: E731
-        assert key(captured.grouping) == key(alone) and captured.grouping.param_shapes == alone.param_shapes
+        assert key(grouping) == key(alone) and grouping.param_shapes == alone.param_shapes
 
 
 class _ItemNet(nn.Module):

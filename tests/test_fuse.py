@@ -20,7 +20,7 @@ import torch.nn as nn
 
 import archscan
 from archscan import zoo
-from archscan.api import input_specs, to_target
+from archscan.loading import input_specs, to_target
 from archscan.cli import main
 from archscan.errors import ArchscanError, VerifyError
 from archscan.transform import fuse

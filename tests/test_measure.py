@@ -148,9 +148,9 @@ def test_predictions_with_a_profile(toy):
 
 
 def test_measure_options_are_checked_before_the_analysis(toy, monkeypatch):
-    from archscan import api
+    from archscan import analysis
 
-    monkeypatch.setattr(api, "capture", lambda *a, **k: pytest.fail("analysed although the options are wrong"))
+    monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed although the options are wrong"))
     with pytest.raises(ArchscanError, match="--amp"):
         archscan.scan(f"{toy}:Net", [(1, 3, 8, 8)], measure=MeasureOptions(device="cpu", amp="fp8"))
     with pytest.raises(DeviceError, match="unknown device"):
@@ -159,10 +159,10 @@ def test_measure_options_are_checked_before_the_analysis(toy, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_missing_gpu_is_one_clear_error_before_any_analysis(capsys, toy, monkeypatch):
-    from archscan import api
+    from archscan import analysis
     from archscan.cli import main
 
-    monkeypatch.setattr(api, "capture", lambda *a, **k: pytest.fail("analysed although the device is not there"))
+    monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed although the device is not there"))
     code = main([f"{toy}:Net", "--input", "1,3,8,8", "--measure", "--device", "cuda"])
     out, err = capsys.readouterr()
     assert code == 4 and "CUDA is not available" in err and "Traceback" not in err

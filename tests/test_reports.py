@@ -16,7 +16,7 @@ import pytest
 
 import archscan
 from archscan.cli import main
-from archscan.compare import compare
+from archscan.api import compare
 from archscan.measure import DeviceProfile, MeasureOptions
 from archscan.report.html import compare_html, report_html
 from archscan.report.markdown import compare_markdown, report_markdown

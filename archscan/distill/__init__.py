@@ -3,9 +3,9 @@
 ``students.py`` ranks the stages (``stage_ranking``) and proposes students (``candidates``).
 Here each student is checked the way archscan checks anything: built without weights (meta
 device, then fake tensors), run on the teacher's example inputs (it must give the teacher's
-output shapes), and analysed by ``archscan.scan`` for its params, FLOPs (multiply-adds), MAC
-bytes, kernels and, with a device profile, predicted latency. ``distill`` then builds the chosen
-student with real random-init weights, exports it with ``torch.export`` (non-strict; training
+output shapes), and analysed by the analysis core (``archscan.analysis.analyse``) for its
+params, FLOPs (multiply-adds), MAC bytes, kernels and, with a device profile, predicted
+latency. ``distill`` then builds the chosen student with real random-init weights, exports it with ``torch.export`` (non-strict; training
 mode by default, with the batch dimension dynamic where the model allows) and saves it:
 ``torch.export.load(path).module()`` trains with plain torch.
 
@@ -32,11 +32,13 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..analysis import analyse
 from ..building import Call, build_fake, build_real, make_call
+from ..capture import capture_context, seeded_rng, strip_user_hooks
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
-from ..loading import InputSpec, ModelTarget, output_path, parse_dtype
-from ..measure.predict import kernels, report_totals
+from ..loading import InputSpec, ModelTarget, check_kwargs, input_specs, model_dtype, output_path, parse_dtype, to_target
+from ..measure.predict import kernels, predicted, report_totals
 from ..recording import output_tensors, quiet
 from ..results import Recommendation, Report, module_and_ancestors
 from .students import (GUIDELINE_RULES, PROPOSERS, ShuffleUnit, StageScore, Student, Teacher, adapter_for, candidates,
@@ -134,7 +136,7 @@ def _combine(totals: dict, part: dict, sign: int) -> dict:
 def estimate(report: Report, student: Student, profile=None, view: Teacher | None = None) -> dict:
     """The student's totals from the teacher's report, without building it: the teacher's, less
     the nodes and parameters of every module it removes or replaces, plus the new unit's own
-    analysis (``archscan.scan`` of the unit alone on the block's input shape). Exact when the
+    analysis (``archscan.analysis.analyse`` of the unit alone on the block's input shape). Exact when the
     rest of the model sees the same shapes, which ``check`` confirms.
 
     Raises:
@@ -152,13 +154,10 @@ def estimate(report: Report, student: Student, profile=None, view: Teacher | Non
 
 
 def _unit_totals(unit: tuple, dtype: str, profile) -> dict:
-    from ..api import scan
-
     _, in_shape, out_shape, stride = unit
     target = ModelTarget("ShuffleUnit", lambda: ShuffleUnit(in_shape[1], out_shape[1], stride))
-    report = scan(target, [InputSpec(tuple(in_shape))], dtype=None if dtype == "float32" else parse_dtype(dtype),
-                  rules=[], recommend=False, profile=profile or False)
-    return report_totals(report)
+    report = analyse(target, [InputSpec(tuple(in_shape))], dtype=None if dtype == "float32" else parse_dtype(dtype))
+    return report_totals(predicted(report, profile))
 
 
 # --- checking a student on fake tensors --------------------------------------------------------------------
@@ -176,9 +175,7 @@ def student_target(teacher: ModelTarget, student: Student, kwargs: dict | None =
 def module_outputs(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None,
                    dtype: torch.dtype | None) -> dict[str, tuple[tuple[int, ...], ...]]:
     """Output shapes (of each tensor) of every module that runs, '' for the model: one forward on
-    fake tensors, with the model built as ``archscan.scan`` builds it."""
-    from ..capture import _capture_context
-
+    fake tensors, with the model built as archscan's analysis builds it."""
     shapes: dict[str, tuple] = {}
 
     def recorder(path: str):
@@ -186,7 +183,7 @@ def module_outputs(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict
             shapes.setdefault(path, tuple(tuple(t.shape) for t in output_tensors(output)))
         return hook
 
-    with _capture_context():
+    with capture_context():
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
         call = make_call(specs, dtype, fake_mode)
@@ -231,9 +228,7 @@ def check(report: Report, target: ModelTarget, specs: Sequence[InputSpec], stude
           kwargs: dict | None = None, dtype: torch.dtype | None = None, profile=None,
           teacher_shapes: dict | None = None, view: Teacher | None = None) -> StudentResult:
     """Build ``student`` on fake tensors, run it on the teacher's inputs (the same output shapes?)
-    and analyse it with ``archscan.scan``."""
-    from ..api import scan
-
+    and analyse it with ``archscan.analysis.analyse``."""
     teacher = report_totals(report)
     teacher_shapes = teacher_shapes or module_outputs(target, specs, kwargs, dtype)
     try:
@@ -242,7 +237,7 @@ def check(report: Report, target: ModelTarget, specs: Sequence[InputSpec], stude
         if shapes.get("") != teacher_shapes.get(""):
             raise ArchscanError(f"its output shapes {_shapes(shapes.get(''))} differ from the model's "
                                 f"{_shapes(teacher_shapes.get(''))}")
-        analysed = scan(built, specs, dtype=dtype, rules=[], recommend=False, profile=profile or False)
+        analysed = predicted(analyse(built, specs, dtype=dtype), profile)
     except Exception as exc:  # the recipe does not fit the model, or the student does not run
         return StudentResult(student, teacher, None, error=str(exc) if isinstance(exc, ArchscanError) else short(exc))
     totals = report_totals(analysed)
@@ -305,22 +300,16 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
     Raises:
         ArchscanError: no student to propose, an unknown ``student`` id, or a student that fails its check.
     """
-    from ..api import input_specs, model_dtype, scan, to_target
-    from ..capture import seeded_rng, strip_user_hooks
-
     dtype = model_dtype(dtype)
     specs = input_specs(inputs, dtype)
     target = to_target(model, name)
     if target.program:
         raise ArchscanError(f"{target.name} is an exported program: archscan cannot change its modules",
                             hint="point archscan distill at the model's source: file.py:Net, package.module:factory or zoo:name")
-    if target.instance is not None and kwargs:
-        raise ArchscanError(f"{target.name} is a module instance: --kwargs cannot be applied to it",
-                            hint="point archscan at the class or a factory to pass constructor arguments")
+    check_kwargs(target, kwargs)
     profile = _default_profile()
     with seeded_rng():
-        report = scan(target, specs, kwargs=kwargs, dtype=dtype, rules=list(GUIDELINE_RULES), recommend=False,
-                      profile=profile or False)
+        report = predicted(analyse(target, specs, kwargs=kwargs, dtype=dtype, rules=list(GUIDELINE_RULES)), profile)
         view = Teacher(report)
         view.grouping = _grouping(target, specs, kwargs, dtype)
         students = candidates(report, view)
@@ -354,7 +343,7 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
         if path is None:
             _run(program, example, "the exported student")
         else:
-            from ..transform.fuse import save_program  # late: a scan's recommendations do not save
+            from ..transform.programs import save_program  # late: a scan's recommendations do not save
 
             save_program(program, path)
             with quiet():
@@ -426,10 +415,10 @@ def _default_profile():
 
 def _grouping(target: ModelTarget, specs, kwargs=None, dtype=None, model=None):
     """The model's channel groups for width students (None when they cannot be traced)."""
-    from ..prune import analyse
+    from ..prune import analyse as channel_groups
 
     try:
-        return analyse(target, specs, kwargs, dtype, model=model)
+        return channel_groups(target, specs, kwargs, dtype, model=model)
     except ArchscanError:
         return None
 

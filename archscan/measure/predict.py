@@ -60,6 +60,11 @@ def _as_run(n: NodeReport, amp: str | None) -> NodeReport:
     return dataclasses.replace(n, dtype=_AMP_DTYPES[amp], mac_bytes=n.mac_bytes // 2)
 
 
+def predicted(report: Report, profile: DeviceProfile | None) -> Report:
+    """The report with ``profile``'s predictions (``apply_predictions``), or as it is without a profile."""
+    return apply_predictions(report, profile) if profile else report
+
+
 def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     """The report with ``predicted_ms`` and ``bound`` on every node and the predicted total
     (under ``--amp``, conv/linear/matmul/attention nodes are predicted in the autocast dtype)."""

@@ -32,6 +32,7 @@ from ..errors import ArchscanError, DeviceError
 from ..loading import InputSpec, ModelTarget
 from ..frames import short
 from ..costs import tensors_in
+from ..devices import available_bytes
 from ..results import Report, module_and_ancestors
 from .profile import device_name, resolve_device
 from .timing import RETRIES, UNSTABLE_SPREAD, TimingStats, clock_for, summarize, time_fn, time_stable
@@ -57,21 +58,6 @@ class MeasureOptions:
 
 
 _AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory on the device (CPU: MemAvailable), or None when it cannot be told."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class _TimingInterpreter(torch.fx.Interpreter):

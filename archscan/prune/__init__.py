@@ -20,13 +20,14 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..analysis import analyse as analyse_model
 from ..building import build_fake, build_real, make_call, on_meta
-from ..capture import _capture_context, strip_user_hooks
+from ..capture import capture_context, strip_user_hooks
 from ..direct import Direct
 from ..errors import ArchscanError, CaptureError
 from ..frames import at, short
-from ..loading import InputSpec, ModelTarget
-from ..measure.predict import report_totals as totals
+from ..loading import InputSpec, ModelTarget, input_specs, to_target
+from ..measure.predict import predicted, report_totals as totals
 from .groups import ChannelGroup, Grouping, find_groups
 from .surgery import apply_cuts
 
@@ -38,7 +39,7 @@ DEFAULT_RATIOS = (0.25, 0.5)
 def fake_model(target: ModelTarget, specs, kwargs=None, dtype=None) -> nn.Module:
     """The model built once on fake tensors, for the grouping and every cut copy counted after it
     (``meta_copy``): the user's constructor runs once."""
-    with _capture_context():
+    with capture_context():
         model = build_fake(target, kwargs or {}, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
         strip_user_hooks(model)
     return model
@@ -54,15 +55,15 @@ def analyse(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
     if model is not None:
         fake_mode = next((t.fake_mode for t in model.parameters() if hasattr(t, "fake_mode")), None)
         if fake_mode is not None:
-            with _capture_context():
+            with capture_context():
                 return find_groups(model, make_call(specs, dtype, fake_mode), fake_mode)
         if on_meta(model):  # a direct run's model
             try:
-                with _capture_context():
+                with capture_context():
                     return find_groups(model, make_call(specs, dtype), Direct())
             except Exception:
                 pass  # found on fake tensors, below
-    with _capture_context():
+    with capture_context():
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
         strip_user_hooks(model)
@@ -183,7 +184,7 @@ def meta_copy(model: nn.Module) -> nn.Module:
     variants of it runs no constructor of the user's."""
     import warnings
 
-    from ..building import _derived_tensors
+    from ..building import derived_tensors
 
     memo: dict = {}
     for t in [*model.parameters(), *model.buffers()]:
@@ -195,7 +196,7 @@ def meta_copy(model: nn.Module) -> nn.Module:
         return quick
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(model, _derived_tensors(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype,
+        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype,
                                                                                          device="meta")))
 
 
@@ -271,12 +272,9 @@ def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> 
 def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=None,
             model: nn.Module | None = None) -> dict:
     """Totals of the cut model, counted by archscan's analysis of a meta-device copy."""
-    from ..api import scan
-
     try:
-        report = scan(pruned_target(target, cuts, model), specs, kwargs=kwargs if model is None else None,
-                      dtype=dtype, rules=[], recommend=False,
-                      profile=profile if profile is not None else False)
+        report = predicted(analyse_model(pruned_target(target, cuts, model), specs,
+                                         kwargs=kwargs if model is None else None, dtype=dtype), profile)
     except ArchscanError as exc:
         raise ArchscanError(f"the cut model does not run: {exc}",
                             hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from None
@@ -323,8 +321,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
     ``target`` and ``specs`` take what ``archscan.scan`` takes: a module, class, factory or target
     string, and shapes or specs. ``group_ids`` are the ids ``archscan prune --list`` shows.
     """
-    from ..api import input_specs, scan, to_target
-    from ..transform.fuse import _export, _with_latency, save_program
+    from ..transform.programs import export, latency_ab, save_program
     from ..transform.weights import load_weights
 
     kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
@@ -333,7 +330,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
                                                  and all(isinstance(x, InputSpec) for x in specs)) else list(specs)
     fake = fake_model(target, specs, kwargs, dtype)
     grouping = analyse(target, specs, kwargs, dtype, model=fake)
-    with _capture_context():
+    with capture_context():
         model = build_real(target, kwargs or {}, dtype, specs)
         strip_user_hooks(model)
         if weights is not None:
@@ -351,8 +348,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
                                     + "; ".join(f"group {g}: {why}" for g, why in list(refused.items())[:2]))
         else:
             predicted = predict(target, specs, cuts, kwargs, dtype, model=fake)
-        before_report = scan(pruned_target(target, [], fake), specs, dtype=dtype, rules=[], recommend=False,
-                             profile=False)
+        before_report = analyse_model(pruned_target(target, [], fake), specs, dtype=dtype)
         apply_cuts(model, cuts)
         call = make_call(specs, dtype)
         try:
@@ -361,15 +357,15 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
         except Exception as exc:
             raise CaptureError(f"the pruned model does not run{at(exc, target.source_file)}: {short(exc)}",
                                hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from exc
-        after = totals(scan(model, specs, dtype=dtype, name=target.name, rules=[], recommend=False, profile=False))
-        program = _export(model, call, output, "the pruned model")
+        after = totals(analyse_model(model, specs, dtype=dtype, name=target.name))
+        program = export(model, call, output, "the pruned model")
     sources = _sources(before_report)
     groups = tuple({**describe(g, sources), "kept": g.channels - len(c), "cut": len(c)} for g, c in cuts)
     result = PruneResult(target.name, ratio, groups, totals(before_report), predicted, after,
                          "weights" if weights is not None else "structural", weights, program=program,
                          left_out=tuple({"id": g, "why": why} for g, why in refused.items()))
     if device is not None:
-        result = _with_latency(result, original, program, call, device)
+        result = dataclasses.replace(result, latency=latency_ab(original, program, call, device))
     if path is not None:
         save_program(program, path)
         result = dataclasses.replace(result, path=path)
@@ -381,14 +377,11 @@ def group_table(target: ModelTarget, specs, kwargs=None, dtype=None, ratios: Seq
     """Every group with its layers (module paths, source lines) and, for each ratio, what cutting
     it alone saves: params, FLOPs, MAC and (with a device profile) predicted ms, counted exactly
     on a cut meta copy; ``pays`` False where FLOPs fall but predicted time does not."""
-    from ..api import scan
-
     for r in ratios:
         kept_channels(MIN_CHANNELS, r)
     model = fake_model(target, specs, kwargs, dtype)
     grouping = analyse(target, specs, kwargs, dtype, model=model)
-    base = scan(pruned_target(target, [], model), specs, dtype=dtype, rules=[], recommend=False,
-                profile=profile if profile is not None else False)
+    base = predicted(analyse_model(pruned_target(target, [], model), specs, dtype=dtype), profile)
     before, sources = totals(base), _sources(base)
     rows = []
     for g in grouping.groups:

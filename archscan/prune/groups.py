@@ -882,6 +882,19 @@ def grouping_of(mode: LabelMode, out, model: torch.nn.Module) -> Grouping:
     return grouping
 
 
+class ChannelLabels:
+    """The channel-group finder as a capture observer (``archscan.capture.Observer``): handed to
+    the capture, it finds the groups in the capture's own run (``Captured.observed[key]``)."""
+
+    key = "channel_groups"
+
+    def mode(self, model: torch.nn.Module) -> LabelMode:
+        return label_mode(model)
+
+    def result(self, mode: LabelMode, output, model: torch.nn.Module) -> Grouping:
+        return grouping_of(mode, output, model)
+
+
 def _mix(x: np.ndarray, salt: int) -> np.ndarray:
     """A 64-bit mix of non-negative ints (splitmix64), for hashing class signatures; in place
     where it can be (a 70B model has tens of millions of them)."""
@@ -994,3 +1007,4 @@ def _in_model_order(groups: list[ChannelGroup], params: list[str]) -> list[Chann
     """Groups in the order their first producer runs."""
     rank = {p: i for i, p in enumerate(params)}
     return sorted(groups, key=lambda g: min((rank.get(p, 1 << 30) for p in g.producers), default=1 << 30))
+

@@ -92,7 +92,7 @@ def check_host_tensor(ctx: RuleContext) -> list[Finding]:
 
     Not host tensors: fx constants computed from the model's parameters and buffers (views of a
     ``relative_position_index`` buffer) and ``torch.tensor(..., device=...)`` calls; both are told
-    apart when the report is built (``archscan.api``). A ``torch.tensor`` call that export records
+    apart when the report is built (``archscan.analysis``). A ``torch.tensor`` call that export records
     without showing its source line (made in a helper below forward) is noted as ``info``.
     """
     findings = []

@@ -1,0 +1,337 @@
+"""The analysis core's top: load -> capture -> cost -> graph -> rules -> ``Report``.
+
+``analyse`` counts a model and checks the rules; every stage above calls it: the transforms,
+prune and distill count their changed copies with it, and ``archscan.scan`` (the orchestrator,
+``archscan.api``) adds measurement, predictions and recommendations on top. The core imports
+nothing above it (docs/development.md): what must ride the capture's one run (the channel labels
+of pruning) is handed in as an ``Observer``.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import torch
+import torch.fx
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.node import _get_qualified_name
+
+from .capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
+from .costs import CATEGORIES, storage_key
+from .frames import exit_error
+from .loading import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
+                      to_target)
+from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
+from .rules import RuleContext, run_rules, select_rules
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the core found: the report, and the capture it was built from (its model, fake or
+    real, and what the observers found), for the stages that go on from there."""
+
+    report: Report
+    captured: Captured
+    target: ModelTarget
+    specs: tuple[InputSpec, ...]
+    dtype: torch.dtype | None
+
+
+def analyse(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
+            inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
+            dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
+            rules: Sequence[str] | None = (), observers: Sequence[Observer] = ()) -> Report:
+    """Count a model (params, FLOPs, MAC per layer) and check the rules, with no measurement,
+    prediction or recommendation: ``analysis(...).report``. Arguments as for ``analysis``."""
+    return analysis(model, inputs, kwargs=kwargs, dtype=dtype, capture_method=capture_method, name=name,
+                    rules=rules, observers=observers).report
+
+
+def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
+             inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
+             dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
+             rules: Sequence[str] | None = (), observers: Sequence[Observer] = ()) -> Analysis:
+    """Capture and cost a model, build its report and check the rules.
+
+    Args:
+        model, inputs, kwargs, dtype, capture_method, name: as for ``archscan.scan``.
+        rules: rule ids to check (``archscan.rules.RULES``); None checks all, ``()`` none. A rule
+            that reads measurements finds nothing here: ``archscan.scan`` checks the rules after
+            measuring.
+        observers: what rides the capture's run (``archscan.capture.Observer``).
+    """
+    dtype = model_dtype(dtype)
+    specs = input_specs(inputs, dtype)
+    target = to_target(model, name)
+    check_kwargs(target, kwargs)
+    selected = select_rules() if rules is None else select_rules(rules) if rules else []
+    try:
+        with seeded_rng():
+            captured = capture(target, specs, kwargs or {}, dtype, capture_method, observers)
+            report = build_report(captured, name or target.name, specs, dtype)
+    except SystemExit as exc:  # the model's constructor or forward called sys.exit()
+        raise exit_error(exc, "running the model", target.source_file) from None
+    if selected:
+        report = check_rules(report, selected)[0]
+    return Analysis(report, captured, target, tuple(specs), dtype)
+
+
+def check_rules(report: Report, selected: Sequence[str]) -> tuple[Report, RuleContext]:
+    """The report with the findings of ``selected`` rules and the blocks they saw; and the graph
+    view they read (``RuleContext``), for the recommenders that answer them."""
+    ctx = RuleContext(report)
+    report = run_rules(report, selected, ctx) if selected else report
+    return replace(report, blocks=tuple(b.to_json() for b in ctx.blocks)), ctx
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    """A node's op, human-readable: 'Conv2d', 'Tensor.view', 'aten.conv2d', 'operator.add'."""
+    if node.op == "call_module":
+        return type(node.graph.owning_module.get_submodule(node.target)).__name__
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target.overloadpacket) if target._overloadname == "default" else str(target)
+    try:
+        return _get_qualified_name(target).replace("torch.nn.functional.", "F.").replace("_operator.", "operator.")
+    except Exception:
+        return str(target)
+
+
+def _node_category(costs: NodeCosts, module_type: str = "") -> str:
+    present = {c.category for c in costs.ops}
+    if "Pool" in module_type and present <= {"pooling", "reduction", "view", "factory"}:
+        return "pooling"  # adaptive pooling to 1x1 runs as a mean: still a pooling layer
+    for cat in CATEGORIES:
+        if cat in present:
+            return cat
+    return "view"
+
+
+def _merge_attrs(costs: NodeCosts) -> dict:
+    """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
+    several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
+    attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
+    by_category: Counter = Counter()
+    for c in costs.ops:
+        if c.mac_bytes:
+            by_category[c.category] += c.mac_bytes
+    if len(by_category) > 1:
+        attrs["mac_by_category"] = dict(by_category)
+    return attrs
+
+
+_HOST_FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,
+                   torch.arange, torch.randn, torch.rand, torch.randint, torch.eye, torch.linspace}
+_DEVICE_METHODS = {"to", "cuda", "cpu"}
+
+
+def _executes(node: torch.fx.Node) -> bool:
+    """Did the node run something (a report row)? Pure Python values (x.size(), getattr) did not."""
+    costs = node.meta.get("archscan")
+    if costs is None:
+        return False
+    # export's metadata asserts (``.to()`` leaves aten._assert_tensor_metadata) check, run nothing
+    return costs.out_shape is not None or any(not c.op.startswith("aten._assert") for c in costs.ops)
+
+
+def _passes_device(source: str | None) -> bool | None:
+    """Does every torch.tensor/as_tensor call that starts on the source line pass a device?
+    None when no such call starts there (or the line cannot be read)."""
+    fname, _, line = (source or "").rpartition(":")
+    if not (fname and line.isdigit()):
+        return None
+    lines, first = linecache.getlines(fname), int(line)
+    for end in range(first, min(first + 20, len(lines)) + 1):  # a call may span lines
+        try:
+            tree = ast.parse("".join(lines[first - 1:end]).strip())
+        except SyntaxError:
+            continue
+        calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.lineno == 1
+                 and getattr(c.func, "attr", getattr(c.func, "id", None)) in ("tensor", "as_tensor", "asarray")]
+        return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                       for k in c.keywords) for c in calls) if calls else None
+    return None
+
+
+def _placement_attrs(node: torch.fx.Node) -> dict:
+    """Where a node's tensors come from: host factories without ``device=``, ``.to(device)``, and the
+    graph inputs and attributes it shares with other nodes.
+
+    ``shared_inputs`` names the placeholders and get_attr nodes (not report nodes themselves) that
+    this node reads and at least one other node reads too: ``archscan.graph`` finds fork/join blocks
+    that fork there (an inception block on the model input). A ``torch.tensor(...)`` that export or
+    the eager capture record as ``lift_fresh`` has lost its ``device=`` argument: the call on the
+    node's source line tells whether it passed one (fx keeps it as a kwarg). Export's stack traces
+    stop at the innermost ``forward``, so a call made in a helper below it (Hugging Face cache
+    code) is not on that line: ``host_factory_unchecked`` says so, unless the tensor is 0-dim with
+    no call on the line, a Python number torch wrapped, which kernels take as a scalar.
+    """
+    attrs: dict = {}
+    shared = [a.name for a in node.all_input_nodes
+              if a.op in ("placeholder", "get_attr") and sum(map(_executes, a.users)) > 1]
+    if shared:
+        attrs["shared_inputs"] = shared
+    target = node.target
+    if node.op == "call_function" and target in _HOST_FACTORIES and node.kwargs.get("device") is None:
+        attrs["host_factory"] = True
+    elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+        name = target.overloadpacket.__name__
+        if name in ("lift_fresh", "lift_fresh_copy"):
+            device, costs = _passes_device(source_of(node)), node.meta.get("archscan")
+            scalar = costs is not None and costs.out_shape == ()  # a Python number wrapped (x[:, 0] = 5)
+            if device is None and not scalar:
+                attrs["host_factory_unchecked"] = True
+            elif device is False:
+                attrs["host_factory"] = True
+        elif name == "_to_copy" and node.kwargs.get("device") is not None:
+            attrs["device_move"] = True
+    elif node.op == "call_method" and target in _DEVICE_METHODS:
+        moves = target != "to" or any(isinstance(a, (str, torch.device)) or (isinstance(a, torch.fx.Node)
+                                      and a.op == "call_function" and a.target is getattr)
+                                      for a in list(node.args[1:]) + [node.kwargs.get("device")])
+        if moves:
+            attrs.update(device_move=True, to_host=target == "cpu")
+    return attrs
+
+
+def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype) -> Report:
+    """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
+    gm, model = captured.gm, captured.model
+    seen_params: set = set()
+    nodes: list[NodeReport] = []
+    uncounted: Counter = Counter()
+    kept: set[str] = set()
+    node_stacks: list[list[tuple[str, str]]] = []
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        if not _executes(node):
+            continue  # pure Python values (x.size(), getattr): nothing executed
+        costs: NodeCosts = node.meta["archscan"]
+        new_params = costs.param_keys - seen_params
+        seen_params |= new_params
+        params = sum(captured.param_numel[k] for k in new_params)
+        for c in costs.ops:
+            if not c.counted:
+                uncounted[c.op] += 1
+        stack = module_stack(node)
+        if node.op == "call_module" and (not stack or stack[-1][0] != node.target):
+            sub = gm.get_submodule(node.target)
+            stack = stack + [(node.target, type(sub).__name__)]
+        op = _op_name(node)
+        module, module_type = (stack[-1] if stack else ("", type(model).__name__))
+        leaf_type = module_type if node.op == "call_module" else ""
+        nodes.append(NodeReport(
+            name=node.name, op=op, module=module, module_type=module_type,
+            category=_node_category(costs, leaf_type),
+            flops=sum(c.flops for c in costs.ops), elem_ops=sum(c.elem_ops for c in costs.ops),
+            mac_bytes=sum(c.mac_bytes for c in costs.ops), read_bytes=sum(c.read_bytes for c in costs.ops),
+            write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
+            params=params, out_shape=costs.out_shape,
+            dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
+            source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
+            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs={**_merge_attrs(costs), **_placement_attrs(node)},
+        ))
+        kept.add(node.name)
+        node_stacks.append(stack)
+    unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
+    modules = _module_reports(model, nodes, node_stacks, set(unused_names))
+    all_params = {}
+    for _, p in model.named_parameters(remove_duplicate=True):
+        all_params[id(p)] = p
+    total_params = sum(p.numel() for p in all_params.values())
+    param_bytes = sum(p.numel() * p.element_size() for p in all_params.values())
+    used = sum(n.params for n in nodes)
+    totals = Totals(
+        params=total_params, flops=sum(n.flops for n in nodes), mac_bytes=sum(n.mac_bytes for n in nodes),
+        elem_ops=sum(n.elem_ops for n in nodes), read_bytes=sum(n.read_bytes for n in nodes),
+        write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
+        used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
+    )
+    return Report(
+        unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,
+        host_syncs=captured.host_syncs,
+        model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
+        dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
+        modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
+    )
+
+
+def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
+    """Tensors fx baked as constants that forward builds on the host each call.
+
+    fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
+    archscan builds every parameter and buffer as a fake or meta tensor (``archscan.direct``) and fx
+    traces outside fake mode, so a fake or meta constant was computed from them
+    (``self.relative_position_index.view(-1)`` in Swin, BEiT, MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
+    or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).
+    """
+    registered = {storage_key(t) for name, t in [*gm.named_parameters(), *gm.named_buffers()]
+                  if not name.rpartition(".")[2].startswith("_tensor_constant")}  # fx registers constants too
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or value.is_meta
+                                                    or storage_key(value) in registered):
+                continue  # the model's own state, viewed or computed at trace time
+            for user in node.users:
+                out.append({"name": node.target, "consumer": user.name, "source": source_of(user),
+                            "shape": list(value.shape) if isinstance(value, torch.Tensor) else None})
+    return tuple(out)
+
+
+def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]],
+                    unused_names: set[str]) -> list[ModuleReport]:
+    """Sum node costs into every module on each node's stack; every registered module is listed."""
+    agg: dict[str, dict] = {}
+    types: dict[str, str] = {}
+    kinds: dict[str, tuple[bool, bool]] = {}
+    for path, mod in model.named_modules(remove_duplicate=False):
+        kinds[path] = (isinstance(mod, (nn.Sequential, nn.ModuleList, nn.ModuleDict)),
+                       type(mod).__module__.startswith("torch.nn."))
+        agg.setdefault(path, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
+        if type(mod) not in (nn.Module, torch.fx.GraphModule):  # an exported program's: nodes know the types
+            types.setdefault(path, type(mod).__name__)
+    for node, stack in zip(nodes, stacks):
+        for p, t in stack:
+            types.setdefault(p, t)
+        # every ancestor of the innermost module: containers such as ModuleList never run
+        # a forward of their own, so they are not on the stack
+        paths = {p for p, _ in stack} | set(module_and_ancestors(node.module))
+        for p in paths:
+            a = agg.setdefault(p, {"flops": 0, "elem_ops": 0, "mac_bytes": 0, "nodes": 0, "out": None, "cats": Counter()})
+            a["flops"] += node.flops
+            a["elem_ops"] += node.elem_ops
+            a["mac_bytes"] += node.mac_bytes
+            a["nodes"] += 1
+            a["out"] = node.out_shape
+            a["cats"][node.category] += node.mac_bytes + node.flops
+    params: Counter = Counter()
+    unused: Counter = Counter()
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        for owner in module_and_ancestors(name.rpartition(".")[0]):
+            params[owner] += p.numel()
+            if name in unused_names:
+                unused[owner] += p.numel()
+    out = []
+    for path, a in agg.items():
+        cat = a["cats"].most_common(1)[0][0] if a["cats"] else ""
+        out.append(ModuleReport(
+            path=path, type=types.get(path, type(model).__name__ if path == "" else "?"),
+            depth=0 if path == "" else path.count(".") + 1, flops=a["flops"], elem_ops=a["elem_ops"],
+            mac_bytes=a["mac_bytes"], params=params.get(path, 0), nodes=a["nodes"], out_shape=a["out"], category=cat,
+            unused_params=unused.get(path, 0), container=kinds.get(path, (False, False))[0], builtin=kinds.get(path, (False, False))[1],
+        ))
+    return out

@@ -1,0 +1,24 @@
+"""What a device can hold: free memory, read before anything large is allocated there.
+
+Below every stage that allocates for real: the capture's eager fallback checks that a real run
+fits, and the measurement checks the device before it times anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory on the device (CPU: MemAvailable), or None when it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,83 @@
+"""What the transforms share: run a model on its example inputs, export it, save the program, and
+time the original against the changed program, interleaved (``archscan fuse`` and ``archscan prune``;
+``archscan distill`` saves with ``save_program`` too)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..building import Call
+from ..capture import export_program
+from ..errors import ArchscanError, CaptureError
+from ..frames import short
+from ..measure.profile import device_name
+from ..measure.timing import clock_for, time_ab
+from ..recording import quiet
+
+
+def run(model: nn.Module, call: Call, what: str) -> Any:
+    """``model``'s output on ``call``'s inputs, without gradients; a failure is a ``CaptureError`` naming ``what``."""
+    try:
+        with torch.no_grad():
+            return call(model)
+    except Exception as exc:
+        raise CaptureError(f"{what} failed on the example inputs: {short(exc)}") from exc
+
+
+def export(model: nn.Module, call: Call, reference: Any = None, what: str = "the model") -> torch.export.ExportedProgram:
+    """Export with forward's own output structure when export can keep it (a tensor, tuples, lists
+    and dicts of them), else with the output flattened to a tuple of its tensors."""
+    try:
+        with quiet():
+            if isinstance(model, torch.fx.GraphModule) or plain_output(reference):
+                return torch.export.export(model, call.args, call.kwargs, strict=False)
+            return export_program(model, call)
+    except ArchscanError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"torch.export could not export {what}: {short(exc)}",
+                           hint="archscan fuse works on models torch.export can capture; "
+                                "`archscan MODEL` shows which capture works") from exc
+
+
+def plain_output(output: Any) -> bool:
+    """A tensor, or tuples/lists/dicts of tensors only."""
+    if isinstance(output, torch.Tensor):
+        return True
+    if type(output) in (tuple, list):
+        return all(map(plain_output, output))
+    if type(output) is dict:
+        return all(map(plain_output, output.values()))
+    return False
+
+
+def save_program(program: torch.export.ExportedProgram, path: str) -> None:
+    """``torch.export.save`` with one clear line for a missing directory or a full disk."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
+    try:
+        torch.export.save(program, path)
+    except OSError as exc:
+        raise ArchscanError(f"cannot save to {path}: {exc.strerror or exc}") from None
+
+
+def latency_ab(model: nn.Module, changed: torch.export.ExportedProgram, call: Call, device: torch.device) -> dict:
+    """End-to-end latency of the original model and the changed program on ``device``, timed
+    interleaved: ``{"device", "device_name", "before_ms", "after_ms", spreads, "threads"}``."""
+    clock = clock_for(device)
+    on_device = Call(tuple(t.to(device) for t in call.args), {k: t.to(device) for k, t in call.kwargs.items()})
+    model, program = model.to(device), changed.module().to(device)
+    with torch.inference_mode():
+        before, after = time_ab(lambda: on_device(model), lambda: on_device(program), clock)
+    times = {}
+    for name, stats in (("before", before), ("after", after)):
+        times[f"{name}_ms"] = stats.median_ms
+        times[f"{name}_spread"] = round(stats.spread, 4)
+        times[f"{name}_unstable"] = stats.unstable
+    return {"device": str(device), "device_name": device_name(device), **times,
+            "threads": torch.get_num_threads() if device.type == "cpu" else None}
