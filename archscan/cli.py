@@ -563,9 +563,9 @@ def _status(label: str):
 
 @contextlib.contextmanager
 def _bar(total: int, label: str):
-    from .measure.run import _progress
+    from .measure.run import progress_bar
 
-    with _progress(total, True, label) as advance:
+    with progress_bar(total, True, label) as advance:
         yield advance
 
 

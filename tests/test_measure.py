@@ -206,14 +206,14 @@ def test_cuda_measurement(toy):
 def test_autocast_predicts_matmul_class_nodes_in_low_precision():
     import dataclasses
 
-    from archscan.measure.predict import _as_run
+    from archscan.measure.predict import as_run
 
     conv = node(flops=2_000_000, mac_bytes=1_000_000)
     relu = node(category="activation", mac_bytes=1_000_000, aten_ops=("aten.relu.default",))
-    assert _as_run(conv, "bf16") == dataclasses.replace(conv, dtype="bfloat16", mac_bytes=500_000)
-    assert _as_run(relu, "bf16") is relu  # autocast leaves element-wise ops alone
+    assert as_run(conv, "bf16") == dataclasses.replace(conv, dtype="bfloat16", mac_bytes=500_000)
+    assert as_run(relu, "bf16") is relu  # autocast leaves element-wise ops alone
     # bf16 peak is 2e9: 2e6 / 2e9 = 1 ms + 0.01 ms launch
-    assert predict_node(_as_run(conv, "bf16"), PROFILE)[0] == pytest.approx(1.01)
+    assert predict_node(as_run(conv, "bf16"), PROFILE)[0] == pytest.approx(1.01)
 
 
 def test_cuda_clock_brackets_with_events_and_synchronizes(monkeypatch):

@@ -53,7 +53,7 @@ _AUTOCAST_CATEGORIES = ("conv", "grouped_conv", "depthwise_conv", "linear", "mat
 _AMP_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 
 
-def _as_run(n: NodeReport, amp: str | None) -> NodeReport:
+def as_run(n: NodeReport, amp: str | None) -> NodeReport:
     """The node as autocast runs it: matmul-class ops in the low-precision dtype, half the bytes."""
     if amp not in _AMP_DTYPES or n.category not in _AUTOCAST_CATEGORIES or n.dtype != "float32":
         return n
@@ -71,7 +71,7 @@ def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     amp = (report.latency or {}).get("amp")
     nodes = []
     for n in report.nodes:
-        ms, bound = predict_node(_as_run(n, amp), profile)
+        ms, bound = predict_node(as_run(n, amp), profile)
         attrs = {**n.attrs, "bound": bound}
         if n.latency_ms:
             attrs["achieved"] = ms / n.latency_ms  # fraction of the roofline this node reaches

@@ -87,7 +87,7 @@ def _clone_unless_param(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _progress(total: int, enabled: bool, label: str):
+def progress_bar(total: int, enabled: bool, label: str):
     """A rich progress bar on stderr (shown when stderr is a terminal). It yields ``advance(steps=1,
     doing=None)``: ``doing`` replaces the text beside the bar (compare: the model and its phase)."""
     if not enabled or not sys.stderr.isatty():
@@ -174,7 +174,7 @@ def _measure(report, target, specs, kwargs, dtype, options, device, amp, model=N
         times: dict[str, TimingStats] = {}
         if gm is not None:
             n_nodes = len(gm.graph.nodes)
-            with _progress(n_nodes, options.progress, f"timing {n_nodes} nodes on {device}") as advance:
+            with progress_bar(n_nodes, options.progress, f"timing {n_nodes} nodes on {device}") as advance:
                 interp = _TimingInterpreter(gm, clock, options.node_budget_ms, advance)
                 interp.run(*call.graph_args(gm))
             times = interp.times

@@ -172,10 +172,10 @@ def _low_precision(ctx: Context) -> list[Recommendation]:
     saving = {"mac_bytes": saved_bytes, "flops": 0, "params": 0, "kernels": 0}
     basis = "mac"
     if ctx.profile is not None and nodes:
-        from ..measure.predict import _as_run, predict_node
+        from ..measure.predict import as_run, predict_node
 
         before = sum(predict_node(n, ctx.profile)[0] for n in nodes)
-        after = sum(predict_node(_as_run(n, "bf16"), ctx.profile)[0] for n in nodes)
+        after = sum(predict_node(as_run(n, "bf16"), ctx.profile)[0] for n in nodes)
         saving, basis = {"ms": max(0.0, before - after), **saving}, "predicted"
     return [Recommendation(
         kind="low-precision", target=("",),

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from .fuse import _change
-from .text import DEFAULT_WIDTH, _shape, fmt_bytes, fmt_count, label_lines
+from .fuse import change_text
+from .text import DEFAULT_WIDTH, shape_text, fmt_bytes, fmt_count, label_lines
 
 
 def mapping_table(mapping) -> str:
     """Teacher module, student module, their output shapes and the adapter a feature loss needs."""
-    rows = [[m.teacher or "(output)", m.student or "(output)", _shape(m.teacher_shape), _shape(m.student_shape),
+    rows = [[m.teacher or "(output)", m.student or "(output)", shape_text(m.teacher_shape), shape_text(m.student_shape),
              m.adapter or "-"] for m in mapping]
     return tabulate(rows, headers=["teacher", "student", "teacher shape", "student shape", "adapter"],
                     disable_numparse=True)
@@ -26,11 +26,11 @@ def distill_text(result, width: int = DEFAULT_WIDTH) -> str:
     if s.why:
         rows.append(("why", s.why))
     rows.append(("params", f"{t['params']:,} -> {a['params']:,} ({a['params'] - t['params']:+,})"))
-    rows.append(("FLOPs", _change(t["flops"], a["flops"], fmt_count)))
-    rows.append(("MAC", _change(t["mac_bytes"], a["mac_bytes"], fmt_bytes)))
-    rows.append(("kernels", _change(t["kernels"], a["kernels"], str)))
+    rows.append(("FLOPs", change_text(t["flops"], a["flops"], fmt_count)))
+    rows.append(("MAC", change_text(t["mac_bytes"], a["mac_bytes"], fmt_bytes)))
+    rows.append(("kernels", change_text(t["kernels"], a["kernels"], str)))
     if "predicted_ms" in t and "predicted_ms" in a:
-        rows.append(("latency", _change(t["predicted_ms"], a["predicted_ms"], lambda ms: f"{ms:.3f} ms")
+        rows.append(("latency", change_text(t["predicted_ms"], a["predicted_ms"], lambda ms: f"{ms:.3f} ms")
                      + " predicted (archscan calibrate's profile)"))
     mode = ("training mode: batch norms use batch statistics, dropout is on" if result.mode == "train"
             else "eval mode: batch norms use running statistics, dropout is off")

@@ -7,7 +7,7 @@ from collections import defaultdict
 from .text import DEFAULT_WIDTH, fmt_bytes, label_lines
 
 
-def _change(before: float, after: float, fmt) -> str:
+def change_text(before: float, after: float, fmt) -> str:
     if not before:
         return f"{fmt(before)} -> {fmt(after)}"
     return f"{fmt(before)} -> {fmt(after)} ({100 * (after - before) / before:+.1f}%)"
@@ -43,8 +43,8 @@ def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
     rows.append(("check", f"max abs error {c.max_abs_err:.2g}, max relative {c.max_rel_err:.2g} over {c.outputs} output(s) "
                           f"({c.dtype}: rtol {c.rtol:g}, atol {c.atol:g}): {'passed' if c.passed else 'FAILED'}"))
     b, a = result.before, result.after
-    rows.append(("MAC", _change(b["mac_bytes"], a["mac_bytes"], fmt_bytes)))
-    rows.append(("kernels", _change(b["kernels"], a["kernels"], str)))
+    rows.append(("MAC", change_text(b["mac_bytes"], a["mac_bytes"], fmt_bytes)))
+    rows.append(("kernels", change_text(b["kernels"], a["kernels"], str)))
     rows.append(("params", f"{b['params']:,} -> {a['params']:,} ({a['params'] - b['params']:+,})"))
     if result.latency:
         lat = result.latency

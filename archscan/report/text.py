@@ -62,7 +62,7 @@ def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _shape(s) -> str:
+def shape_text(s) -> str:
     return "-" if s is None else "×".join(str(d) for d in s)
 
 
@@ -82,7 +82,7 @@ def module_table(report: Report, depth: int = 2, width: int = DEFAULT_WIDTH) -> 
         _Column("MAC", [fmt_bytes(m.mac_bytes) for _, m in rows], right=True),
         _Column("elem ops", [fmt_count(m.elem_ops) for _, m in rows], right=True),
         _Column("FLOPs/B", [f"{m.intensity:.1f}" for _, m in rows], right=True),
-        _Column("out shape", [_shape(m.out_shape) for _, m in rows], right=True),
+        _Column("out shape", [shape_text(m.out_shape) for _, m in rows], right=True),
     ] + ([_Column("ms", [fmt_ms(m.latency_ms) for _, m in rows], right=True)] if timed else [])
     return _fitted_grid(columns, width, _MODULE_SQUEEZE)
 
@@ -105,7 +105,7 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
         _Column("MAC", [fmt_bytes(n.mac_bytes) for n in nodes], right=True),
         _Column("elem ops", [fmt_count(n.elem_ops) for n in nodes], right=True),
         _Column("FLOPs/B", [f"{n.intensity:.1f}" for n in nodes], right=True),
-        _Column("out shape", [_shape(n.out_shape) for n in nodes], right=True),
+        _Column("out shape", [shape_text(n.out_shape) for n in nodes], right=True),
     ]
     if report.latency:
         columns += [
