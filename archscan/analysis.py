@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -24,6 +25,7 @@ from torch.fx.node import _get_qualified_name
 from .capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
 from .costs import CATEGORIES, storage_key
 from .frames import exit_error
+from .memory import MemoryObserver, forward_memory
 from .loading import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
                       to_target)
 from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
@@ -72,7 +74,7 @@ def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     try:
         with seeded_rng():
-            captured = capture(target, specs, kwargs or {}, dtype, capture_method, observers)
+            captured = capture(target, specs, kwargs or {}, dtype, capture_method, (MemoryObserver(), *observers))
             report = build_report(captured, name or target.name, specs, dtype)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
@@ -261,7 +263,21 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
         dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
+        memory=_memory(captured, specs, dtype),
     )
+
+
+def _memory(captured: Captured, specs: Sequence[InputSpec], dtype) -> dict | None:
+    """The inference forward's memory (``archscan.memory``), with the weights' and inputs' bytes:
+    the model's own forward, run eagerly on the capture's model, else the captured graph's
+    lifetimes (``basis`` says which); None after a real eager capture."""
+    found = forward_memory(captured.model, specs, dtype) if captured.fake else None
+    if found is None:  # the model's own forward could not run again: the captured graph's lifetimes
+        found = captured.observed.get(MemoryObserver.key)
+    if found is None:
+        return None
+    return {**found, "weights_bytes": found["at_peak"]["params"],
+            "inputs_bytes": sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)}
 
 
 def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:

@@ -19,6 +19,7 @@ from .capture import seeded_rng
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
 from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
+from .memory.train import TrainOptions, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
 from .results import Report
@@ -29,7 +30,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
-         recommend: bool = True) -> Report:
+         recommend: bool = True, train: TrainOptions | bool | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -47,6 +48,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         profile: a ``DeviceProfile`` for roofline predictions; None uses the cached profile of the
             device (``archscan calibrate``) when there is one; False predicts nothing.
         recommend: rank the changes that answer the findings (``report.recommendations``).
+        train: also analyse one training step (``True`` or ``archscan.memory.train.TrainOptions``:
+            optimizer and implementation, autocast, frozen prefixes): ``report.training_step``.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -59,9 +62,13 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     target = to_target(model, name)
     check_kwargs(target, kwargs)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
+    train = TrainOptions() if train is True else train or None
     try:
         with seeded_rng():
-            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend)
+            report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend)
+            if train is not None:
+                report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
+            return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
 

@@ -73,18 +73,20 @@ def _meta_to_fake(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
             raise ValueError("a tensor of the model is not on the meta device")
         return FakeTensor(fake_mode, t.detach(), cpu)
 
-    return _replace_tensors(model, fake, lambda new, old: _as_parameter(new))
+    return _replace_tensors(model, fake, lambda new, old: _as_parameter(new, old.requires_grad))
 
 
-def _as_parameter(t: torch.Tensor) -> torch.Tensor:
-    """Mark a fake tensor as a parameter.
+def _as_parameter(t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
+    """Mark a fake tensor as a parameter (requiring grad as the parameter it replaces did).
 
     ``nn.Parameter(subclass_tensor)`` returns the subclass instance flagged ``_is_param``
     (that is how ``isinstance(x, nn.Parameter)`` works for tensor subclasses); setting the flag
     directly skips a dispatched ``detach`` and is 15x faster, which matters on small networks.
     """
     t._is_param = True
-    return t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
+    if isinstance(t, nn.Parameter):
+        return t.requires_grad_(requires_grad) if t.requires_grad != requires_grad else t
+    return nn.Parameter(t, requires_grad=requires_grad)
 
 
 def _same_kind_of_param(new: torch.Tensor, old: torch.Tensor) -> nn.Parameter:
@@ -281,3 +283,46 @@ def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fak
             else:
                 out.append(torch.zeros(s.shape, dtype=s.dtype, device=device))
     return out
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_forward_hooks_always_called",
+                 "_global_forward_hooks_with_kwargs", "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+@contextlib.contextmanager
+def global_hooks_set_aside():
+    """The global module hooks the user registered (``register_module_forward_hook``...) set aside
+    while archscan runs a model (they would see fake tensors or fill the user's lists), and given
+    back after."""
+    hooks = nn.modules.module
+    saved = {name: getattr(hooks, name).copy() for name in _GLOBAL_HOOKS if hasattr(hooks, name)}
+    for name in saved:
+        getattr(hooks, name).clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            getattr(hooks, name).update(value)
+
+
+def _kept_hook(hook) -> bool:
+    """Hooks that compute what forward uses are part of the model (``weight_norm``,
+    ``spectral_norm``, ``torch.nn.utils.prune``): torch's own hook objects."""
+    owner = hook.__self__ if hasattr(hook, "__self__") else hook
+    return (type(owner).__module__ or "").startswith("torch.nn.utils")
+
+
+def strip_user_hooks(model: nn.Module) -> list[str]:
+    """Remove the forward hooks a model's modules carry, except torch's own weight hooks; returns
+    where they were. A hook that collects features or calls ``.numpy()`` would see fx proxies or
+    fake tensors, fail, or fill the user's lists with them: the analysis is of forward itself."""
+    removed = []
+    for path, module in model.named_modules():
+        for store in ("_forward_hooks", "_forward_pre_hooks"):
+            hooks = getattr(module, store, None)
+            for key, hook in list((hooks or {}).items()):
+                if store == "_forward_pre_hooks" and _kept_hook(hook):
+                    continue
+                del hooks[key]
+                removed.append(path or type(model).__name__)
+    return removed

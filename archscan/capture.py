@@ -31,7 +31,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import direct
-from .building import Call, build_fake, build_meta, build_real, make_call, on_meta
+from .building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, make_call, on_meta,
+                       strip_user_hooks)
 from .costs import storage_key
 from .devices import available_bytes
 from .eager import capture_eager
@@ -68,9 +69,9 @@ class Observer(Protocol):
 
     ``mode(model)`` gives a dispatch mode the run stacks between the tensors and the cost
     recorder; after the run ``result(mode, output, model)`` says what it found, kept in
-    ``Captured.observed[key]``. Only a direct run (``archscan.direct``) carries observers today:
-    where the capture takes another path the key is absent and the stage finds what it needs
-    itself.
+    ``Captured.observed[key]``. The graph captures carry observers (the direct run, and fx or
+    export on fake tensors); the eager recording does not: there the key is absent and the stage
+    finds what it needs itself. A mode with a ``where`` attribute is told the fx node that runs.
     """
 
     key: str
@@ -157,15 +158,18 @@ def export_program(model: nn.Module, call: Call) -> torch.export.ExportedProgram
 class CostInterpreter(torch.fx.Interpreter):
     """Runs the graph on fake tensors, costing each node's aten ops into ``node.meta['archscan']``."""
 
-    def __init__(self, gm: torch.fx.GraphModule, recorder: OpRecorder):
+    def __init__(self, gm: torch.fx.GraphModule, recorder: OpRecorder, watchers: Sequence[Any] = ()):
         super().__init__(gm, garbage_collect_values=True)
         self.recorder = recorder
+        self.watchers = [w for w in watchers if hasattr(w, "where")]  # observers' modes told the node that runs
         self.extra_traceback = False  # a failing node is described by _NodeFailure; torch's structured
         # log of it would symbolize a traceback, importing torch._inductor and dynamo (seconds)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         costs = NodeCosts()
         self.recorder.current = costs
+        for watcher in self.watchers:
+            watcher.where = n
         try:
             result = super().run_node(n)
         except Exception as exc:
@@ -204,7 +208,7 @@ class _NodeFailure(Exception):
 
 def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = ()) -> Any:
     """Run ``gm`` under ``recorder`` (with ``below``, the observers' modes, between it and ``fake_mode``)."""
-    interp = CostInterpreter(gm, recorder)
+    interp = CostInterpreter(gm, recorder, below)
     with contextlib.ExitStack() as stack:
         for mode in (fake_mode, *below, recorder, torch.no_grad(), quiet()):
             stack.enter_context(mode)
@@ -230,7 +234,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
         observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
-            direct run captures the model.
+            graph capture took the model.
     """
     with capture_context():
         return _capture(target, specs, kwargs or {}, dtype, method, observers)
@@ -252,20 +256,21 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     names, numel, weight_keys = _weight_maps(model)
     call = make_call(specs, dtype, fake_mode)
 
-    def captured(gm, kind, notes=(), syncs=(), real_model=None) -> Captured:
+    def captured(graph, kind, notes=(), syncs=(), real_model=None) -> Captured:
+        gm, observed = graph if isinstance(graph, tuple) else (graph, {})
         return Captured(gm, kind, real_model if real_model is not None else model, _notes(failures) + list(notes)
                         + _hook_notes(hooks), names, numel, failures, _was_training(target), tuple(syncs),
-                        fake=real_model is None)
+                        fake=real_model is None, observed=observed)
 
     if target.program:  # an exported program (.pt2): its graph is the capture, module stacks included
-        gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures)
-        if gm is None:
+        graph = _try_graph("program", model, call, fake_mode, weight_keys, names, failures, observers=observers)
+        if graph is None:
             raise CaptureError(f"the exported program {target.name} does not run: {failures['program']}")
-        return captured(gm, "export")
+        return captured(graph, "export")
     if method in ("auto", "fx"):
-        gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
-        if gm is not None:
-            return captured(gm, "fx")
+        graph = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures, observers=observers)
+        if graph is not None:
+            return captured(graph, "fx")
     recording = None
     if method in ("auto", "eager"):
         watcher = SyncWatcher()
@@ -279,9 +284,9 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
             failures["export" if method == "auto" else "eager on fake tensors"] = f"skipped: {why}"
     if method == "export" or (method == "auto" and recording is not None):
         watcher = SyncWatcher()
-        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
-        if gm is not None:
-            return captured(gm, "export", syncs=watcher.records())
+        graph = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher, observers)
+        if graph is not None:
+            return captured(graph, "export", syncs=watcher.records())
     if method in ("fx", "export"):
         raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
                            hint="use --capture auto to let archscan fall back to another capture")
@@ -343,17 +348,19 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
         raise _rejected(failure, model, call) from failure.exc
     except Exception:
         return None
-    observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
-    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), observed=observed)
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (),
+                    observed=_observed(observers, modes, out, model))
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
-               watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
-    """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
-    when it does not work. A model that rejects its inputs is an input error, raised."""
+               watcher: SyncWatcher | None = None,
+               observers: Sequence[Observer] = ()) -> tuple[torch.fx.GraphModule, dict] | None:
+    """Trace with fx or export and cost the graph on fake tensors: the graph and what the
+    observers found; None (and ``failures[kind]``) when it does not work. A model that rejects
+    its inputs is an input error, raised."""
     try:
         with quiet(), watcher or contextlib.nullcontext():
             gm = (model if kind == "program" else trace_fx(model, call) if kind == "fx"
@@ -362,8 +369,9 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
         failures[kind] = short(exc)
         return None
     recorder = OpRecorder(weight_keys, set(names))
+    modes = [observer.mode(model) for observer in observers]
     try:
-        _interpret(gm, call, fake_mode, recorder)
+        out = _interpret(gm, call, fake_mode, recorder, modes)
     except _NodeFailure as failure:
         if needs_values(failure.exc):
             failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
@@ -372,7 +380,11 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
             raise _rejected(failure, model, call) from failure.exc
         failures[kind] = f"graph did not run: {short(failure.exc)}"
         return None
-    return gm
+    return gm, _observed(observers, modes, out, model)
+
+
+def _observed(observers: Sequence[Observer], modes: list, out: Any, model: nn.Module) -> dict[str, Any]:
+    return {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
 
 
 def _rejected(failure: _NodeFailure, model: nn.Module, call: Call) -> ArchscanError:
@@ -397,47 +409,14 @@ def seeded_rng():
 def capture_context():
     """What every capture runs under: a seeded RNG (see ``seeded_rng``), fused fast paths off (see
     README "Capture": fx, export and eager then see the same ops), and the global module hooks
-    the user registered set aside."""
+    the user registered set aside (``building.global_hooks_set_aside``)."""
     fastpath = torch.backends.mha.get_fastpath_enabled()
-    hooks = nn.modules.module
-    saved = {name: getattr(hooks, name).copy() for name in _GLOBAL_HOOKS if hasattr(hooks, name)}
-    with seeded_rng():
+    with seeded_rng(), global_hooks_set_aside():
         torch.backends.mha.set_fastpath_enabled(False)
-        for name in saved:
-            getattr(hooks, name).clear()
         try:
             yield
         finally:
             torch.backends.mha.set_fastpath_enabled(fastpath)
-            for name, value in saved.items():
-                getattr(hooks, name).update(value)
-
-
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_forward_hooks_always_called",
-                 "_global_forward_hooks_with_kwargs", "_global_backward_hooks", "_global_backward_pre_hooks")
-
-
-def _kept_hook(hook) -> bool:
-    """Hooks that compute what forward uses are part of the model (``weight_norm``,
-    ``spectral_norm``, ``torch.nn.utils.prune``): torch's own hook objects."""
-    owner = hook.__self__ if hasattr(hook, "__self__") else hook
-    return (type(owner).__module__ or "").startswith("torch.nn.utils")
-
-
-def strip_user_hooks(model: nn.Module) -> list[str]:
-    """Remove the forward hooks a model's modules carry, except torch's own weight hooks; returns
-    where they were. A hook that collects features or calls ``.numpy()`` would see fx proxies or
-    fake tensors, fail, or fill the user's lists with them: the analysis is of forward itself."""
-    removed = []
-    for path, module in model.named_modules():
-        for store in ("_forward_hooks", "_forward_pre_hooks"):
-            hooks = getattr(module, store, None)
-            for key, hook in list((hooks or {}).items()):
-                if store == "_forward_pre_hooks" and _kept_hook(hook):
-                    continue
-                del hooks[key]
-                removed.append(path or type(model).__name__)
-    return removed
 
 
 def _hook_notes(removed: list[str]) -> list[str]:

@@ -37,7 +37,10 @@ def scan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout; the model's own output goes to stderr")] = False,
     measure: Annotated[bool, typer.Option("--measure", help="time the real model per node and end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available); without --measure, whose calibrated profile predicts latency")] = None,
-    amp: Annotated[Optional[str], typer.Option("--amp", help="with --measure: measure under autocast, bf16 or fp16")] = None,
+    amp: Annotated[Optional[str], typer.Option("--amp", help="with --measure: measure under autocast, bf16 or fp16; with --train: the step's forward runs under autocast")] = None,
+    train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (sum of the outputs), backward, optimizer step; its costs and peak memory")] = False,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
+    freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
@@ -51,10 +54,15 @@ def scan_cmd(
     # every option is checked before the model is imported or built: a typo costs no analysis
     if capture not in ("auto", "fx", "export", "eager"):
         raise ArchscanError(f"unknown --capture {capture!r}", hint="use auto, fx, export or eager")
-    needs_measure = [flag for flag, given in (("--amp", amp), ("--channels-last", channels_last), ("--sweep", sweep))
-                     if given]
+    needs_measure = [flag for flag, given in (("--amp", amp and not train), ("--channels-last", channels_last),
+                                              ("--sweep", sweep)) if given]
     if needs_measure and not measure:
-        raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure")
+        raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure (or --train for --amp)")
+    needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze)) if given]
+    if needs_train and not train:
+        raise ArchscanError(f"{', '.join(needs_train)} only applies to a training step", hint="add --train")
+    if train and measure and amp:
+        raise ArchscanError("--amp with both --measure and --train is ambiguous", hint="measure and train in two runs")
 
     check_arguments(model, input, dtype)
     _check_report_paths(report_path, markdown)
@@ -69,6 +77,12 @@ def scan_cmd(
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
     selected = select_rules(_csv(rules), _csv(skip_rules))
+    training = None
+    if train:
+        from .memory.train import TrainOptions
+
+        training = TrainOptions.parse(optimizer, amp, freeze or ())
+        amp = None if not measure else amp
     options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads, sweep=sweep)
     where = check_options(options)[0] if device is not None or measure else None
     options = options if measure else None
@@ -89,7 +103,7 @@ def scan_cmd(
         try:
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
-                                        profile=profile), None
+                                        profile=profile, train=training), None
         except DeviceError as exc:
             if exc.report is None:
                 raise

@@ -147,6 +147,8 @@ class Report:
     training: bool = False                  # the module given was in train mode
     warnings: tuple[str, ...] = ()          # what limited the analysis (a damaged device profile, ...)
     blocks: tuple[dict, ...] = ()           # building blocks and their fragmentation (G3), when rules ran
+    memory: dict | None = None              # peak bytes live, by tensor lifetime (archscan.memory.summary)
+    training_step: dict | None = None       # --train: the step's phases, their costs and its memory
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -185,6 +187,10 @@ class Report:
         }
         if self.latency is not None:
             out["latency"] = self.latency
+        if self.memory is not None:
+            out["memory"] = self.memory
+        if self.training_step is not None:
+            out["training"] = self.training_step
         return out
 
 

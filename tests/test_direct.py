@@ -45,7 +45,13 @@ def _fake_only(monkeypatch):
 
 
 def _json(report) -> str:
-    return json.dumps(report.to_json(), sort_keys=True)
+    data = report.to_json()
+    # the memory timeline steps through the ops of the forward as it runs: nn.MultiheadAttention
+    # takes its composite path op by op differently on CPU activations and on fake tensors (the
+    # same tensors live at the peak, the same peak and breakdown, compared with the rest)
+    if "memory" in data:  # none after a real eager capture
+        data["memory"].pop("timeline")
+    return json.dumps(data, sort_keys=True)
 
 
 @pytest.mark.parametrize("name", [n for n in zoo.list_models() if n not in BIG])

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("cost", ["archscan.costs*"]),
     ("load", ["archscan.loading", "archscan.recording", "archscan.building"]),
     ("capture", ["archscan.direct", "archscan.eager", "archscan.capture"]),
+    ("memory", ["archscan.memory*"]),  # the tracker rides the capture, handed in by the analysis
     ("graph", ["archscan.graph"]),
     ("rules", ["archscan.rules*"]),
     ("analysis", ["archscan.analysis"]),  # the analysis core ends here: nothing below imports what is above

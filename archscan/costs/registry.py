@@ -134,6 +134,20 @@ def _shape(t) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
 
 
+@register_flops(aten.convolution_backward)
+def convolution_backward_flops(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                               output_padding, groups, output_mask, *, out_val=None, **kwargs) -> int:
+    """Multiply-adds of a convolution's backward: the input gradient and the weight gradient each
+    cost what the forward does (the same products, read another way), for the ones asked for
+    (``output_mask``); the bias gradient is a sum, not a product. Exact for grouped and depthwise
+    convolutions: torch.utils.flop_counter counts their input gradient ``groups`` times over."""
+    # [N, Cout, *out] = conv([N, Cin, *in], [Cout, Cin/groups, *k]): N * prod(out) * Cout * Cin/groups * prod(k);
+    # transposed, [N, Cout, *out] = conv_t([N, Cin, *in], [Cin, Cout/groups, *k]): N * prod(in) * prod(weight)
+    spatial = _shape(input)[2:] if transposed else _shape(grad_output)[2:]
+    forward = _shape(input)[0] * math.prod(spatial) * math.prod(_shape(weight))
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
 @register_flops(aten._scaled_dot_product_flash_attention_for_cpu)
 def sdpa_cpu_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
     """Q K^T and A V of scaled_dot_product_attention on CPU.

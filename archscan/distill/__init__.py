@@ -33,8 +33,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse
-from ..building import Call, build_fake, build_real, make_call
-from ..capture import capture_context, seeded_rng, strip_user_hooks
+from ..building import Call, build_fake, build_real, make_call, strip_user_hooks
+from ..capture import capture_context, seeded_rng
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget, check_kwargs, input_specs, model_dtype, output_path, parse_dtype, to_target

@@ -21,8 +21,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse as analyse_model
-from ..building import build_fake, build_real, make_call, on_meta
-from ..capture import capture_context, strip_user_hooks
+from ..building import build_fake, build_real, make_call, on_meta, strip_user_hooks
+from ..capture import capture_context
 from ..direct import Direct
 from ..errors import ArchscanError, CaptureError
 from ..frames import at, short

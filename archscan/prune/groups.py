@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..costs import storage_key
 
@@ -205,19 +206,20 @@ class LabelMode(TorchDispatchMode):
         self.params = params                 # storage key -> parameter/buffer name
         self.param_labels: dict[str, list[np.ndarray]] = {}  # name -> per dim labels
         self.param_shapes: dict[str, tuple] = {}
-        self.views: dict[int, _ParamView] = {}  # id(tensor) -> param view
-        self.labs: dict[int, np.ndarray | None] = {}  # id(activation) -> labels
-        self.keep: list = []
+        # keyed by the tensor itself, weakly: an entry goes with its tensor (whose id may then be
+        # reused), and the mode keeps no tensor alive (the memory tracker beside it sees the frees)
+        self.views: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> param view
+        self.labs: WeakIdKeyDictionary = WeakIdKeyDictionary()   # activation -> labels
         self.pinned: dict[str, list[np.ndarray]] = {}  # reason -> label arrays
         self.producers: set[tuple[str, int]] = set()
         self.unknown: dict[str, int] = {}
 
     # --- what a tensor carries --------------------------------------------------------------
     def _param_view(self, t: torch.Tensor) -> _ParamView | None:
-        if id(t) in self.views:
-            return self.views[id(t)]
+        if t in self.views:
+            return self.views[t]
         name = self.params.get(storage_key(t))
-        if name is None or id(t) in self.labs:
+        if name is None or t in self.labs:
             return None
         if name not in self.param_labels:
             self.param_labels[name] = [self.uf.new(s) for s in t.shape]
@@ -225,8 +227,7 @@ class LabelMode(TorchDispatchMode):
         if tuple(t.shape) != self.param_shapes[name]:
             return None  # a view of a parameter made outside the ops seen here
         view = _ParamView(name, [(d, np.arange(s)) for d, s in enumerate(t.shape)])
-        self.views[id(t)] = view
-        self.keep.append(t)
+        self.views[t] = view
         return view
 
     def _view_labels(self, view: _ParamView) -> list[np.ndarray | None]:
@@ -236,8 +237,8 @@ class LabelMode(TorchDispatchMode):
     def lab(self, t: torch.Tensor) -> np.ndarray | None:
         """An activation's labels as an array broadcastable to it; a parameter view's labels
         when it has one labelled dim (a bias, a norm weight); None when unlabelled."""
-        if id(t) in self.labs:
-            return self.labs[id(t)]
+        if t in self.labs:
+            return self.labs[t]
         view = self._param_view(t)
         if view is None:
             return None
@@ -257,8 +258,7 @@ class LabelMode(TorchDispatchMode):
 
     def set(self, out, lab) -> None:
         for t in _tensors(out):
-            self.labs[id(t)] = lab
-            self.keep.append(t)
+            self.labs[t] = lab
 
     # --- dispatch ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -278,7 +278,7 @@ class LabelMode(TorchDispatchMode):
         self.unknown[str(func)] = self.unknown.get(str(func), 0) + 1
         for t in _tensors((args, kwargs)):
             self.pin(f"{func} has no channel rule" + (f" ({why})" if why else ""), self.lab(t))
-            view = self._param_view(t) if id(t) not in self.labs else None
+            view = self._param_view(t) if t not in self.labs else None
             if view is not None:
                 self.pin(f"{func} has no channel rule", *[x for x in self._view_labels(view) if x is not None])
         self.set(out, None)
@@ -308,11 +308,10 @@ class LabelMode(TorchDispatchMode):
     # --- rule helpers -------------------------------------------------------------------------
     def _same(self, args, out) -> None:
         x = args[0]
-        view = self._param_view(x) if id(x) not in self.labs else None
+        view = self._param_view(x) if x not in self.labs else None
         outs = _tensors(out)
         if view is not None and outs and outs[0].shape == x.shape:
-            self.views[id(outs[0])] = view
-            self.keep.append(outs[0])
+            self.views[outs[0]] = view
             return
         lab = self.lab(x)
         first = outs[0] if outs else None
@@ -330,7 +329,7 @@ class LabelMode(TorchDispatchMode):
         for t in operands:
             lab = self.lab(t)
             if lab is None:
-                if t.numel() > 1 and (id(t) in self.labs or self.params.get(storage_key(t)) is None):
+                if t.numel() > 1 and (t in self.labs or self.params.get(storage_key(t)) is None):
                     labs.append(("bare", t))
                 continue
             labs.append(("lab", _align(lab, t.shape, shape)))
@@ -341,7 +340,7 @@ class LabelMode(TorchDispatchMode):
         for other in labelled[1:]:
             result = self._unite(result, other, shape)
         for t in operands:  # a parameter with several labelled dims (a position table, a rotary cache)
-            view = self._param_view(t) if id(t) not in self.labs else None
+            view = self._param_view(t) if t not in self.labs else None
             if view is None or self.lab(t) is not None:
                 continue
             offset = len(shape) - t.dim()
@@ -419,7 +418,7 @@ class LabelMode(TorchDispatchMode):
 
     def _dim_labels(self, t: torch.Tensor, dim: int) -> np.ndarray | None:
         """Labels of one dim of a parameter view (or of an activation that varies along only that dim)."""
-        view = self._param_view(t) if id(t) not in self.labs else None
+        view = self._param_view(t) if t not in self.labs else None
         if view is not None:
             d = view.dims[dim]
             return self.param_labels[view.name][d[0]][d[1]] if d is not None else None
@@ -544,10 +543,9 @@ def _view_param(view: _ParamView, a: tuple, b: tuple) -> _ParamView | None:
 
 def _h_permute(m: LabelMode, func, args, kwargs, out):
     x, dims = args[0], list(args[1])
-    view = m._param_view(x) if id(x) not in m.labs else None
+    view = m._param_view(x) if x not in m.labs else None
     if view is not None:
-        m.views[id(out)] = _ParamView(view.name, [view.dims[d] for d in dims])
-        m.keep.append(out)
+        m.views[out] = _ParamView(view.name, [view.dims[d] for d in dims])
         return
     lab = m.lab(x)
     m.set(out, np.transpose(lab, dims) if lab is not None else None)
@@ -565,12 +563,11 @@ def _h_transpose(m: LabelMode, func, args, kwargs, out):
 
 def _h_expand(m: LabelMode, func, args, kwargs, out):
     x = args[0]
-    view = m._param_view(x) if id(x) not in m.labs else None
+    view = m._param_view(x) if x not in m.labs else None
     extra = out.dim() - x.dim()
     if view is not None:
         dims = [None] * extra + [d if s == o else None for d, s, o in zip(view.dims, x.shape, out.shape[extra:])]
-        m.views[id(out)] = _ParamView(view.name, dims)
-        m.keep.append(out)
+        m.views[out] = _ParamView(view.name, dims)
         return
     lab = m.lab(x)
     m.set(out, lab.reshape((1,) * extra + lab.shape) if lab is not None else None)
@@ -584,12 +581,11 @@ def _h_reshape(m: LabelMode, func, args, kwargs, out):
 def _view_like(m: LabelMode, x, out, pin_splits: bool = False) -> None:
     """Labels (or a parameter view) through a view; with ``pin_splits``, channels a view splits or
     merges with another non-trivial dim are pinned (reshape/view; squeeze and friends cannot)."""
-    view = m._param_view(x) if id(x) not in m.labs else None
+    view = m._param_view(x) if x not in m.labs else None
     if view is not None:
         mapped = _view_param(view, tuple(x.shape), tuple(out.shape))
         if mapped is not None:
-            m.views[id(out)] = mapped
-            m.keep.append(out)
+            m.views[out] = mapped
             return
     lab = m.lab(x)
     if lab is None:
@@ -608,13 +604,12 @@ def _h_slice(m: LabelMode, func, args, kwargs, out):
     end = args[3] if len(args) > 3 else None
     step = args[4] if len(args) > 4 else 1
     index = np.arange(x.shape[dim])[slice(start, end, step)] if x.dim() else None
-    view = m._param_view(x) if id(x) not in m.labs else None
+    view = m._param_view(x) if x not in m.labs else None
     if view is not None:
         dims = list(view.dims)
         d = dims[dim]
         dims[dim] = (d[0], d[1][index]) if d is not None else None
-        m.views[id(out)] = _ParamView(view.name, dims)
-        m.keep.append(out)
+        m.views[out] = _ParamView(view.name, dims)
         return
     lab = m.lab(x)
     if lab is not None and lab.shape[dim] > 1:
@@ -710,8 +705,8 @@ def _h_mm(m: LabelMode, func, args, kwargs, out):
 def _contract(m: LabelMode, a, b, out) -> np.ndarray | None:
     """Unite the contracted dim of ``a`` (last) and ``b`` (second last); the output's labels come
     from a weight's output dim, else from whichever operand's free dim carries labels."""
-    va = m._param_view(a) if id(a) not in m.labs else None
-    vb = m._param_view(b) if id(b) not in m.labs else None
+    va = m._param_view(a) if a not in m.labs else None
+    vb = m._param_view(b) if b not in m.labs else None
     if va is not None and vb is not None:
         raise _Unsupported("two parameters multiplied")
     if vb is not None or va is not None:
@@ -757,7 +752,7 @@ def _h_convolution(m: LabelMode, func, args, kwargs, out):
     x, w, bias = args[0], args[1], args[2]
     transposed = bool(args[6]) if len(args) > 6 else False
     groups = int(args[8]) if len(args) > 8 else 1
-    view = m._param_view(w) if id(w) not in m.labs else None
+    view = m._param_view(w) if w not in m.labs else None
     if view is None:
         raise _Unsupported("a convolution whose weight is computed in forward")
     per_dim = m._view_labels(view)
@@ -795,7 +790,7 @@ def _h_convolution(m: LabelMode, func, args, kwargs, out):
 
 def _h_embedding(m: LabelMode, func, args, kwargs, out):
     w = args[0]
-    view = m._param_view(w) if id(w) not in m.labs else None
+    view = m._param_view(w) if w not in m.labs else None
     if view is None:
         raise _Unsupported("an embedding whose table is computed in forward")
     per_dim = m._view_labels(view)

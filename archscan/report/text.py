@@ -140,6 +140,35 @@ def totals_lines(report: Report) -> list[str]:
     return lines
 
 
+def _memory_line(label: str, memory: dict) -> str:
+    at, where = memory["at_peak"], memory["peak_at"]
+    parts = ", ".join(f"{fmt_bytes(v)} {k.replace('_', ' ')}" for k, v in at.items() if v)
+    place = where.get("module") or where.get("node") or "(model)"
+    source = f" at {where['source']}" if where.get("source") else ""
+    return (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
+            f"{where['op']} of {place}{source}")
+
+
+def memory_lines(report: Report) -> list[str]:
+    """Peak memory by tensor lifetime: the inference forward's, and with --train the step's and
+    its phases' multiply-adds."""
+    lines = [_memory_line("memory     ", report.memory)] if report.memory else []
+    step = report.training_step
+    if step:
+        options = step["options"]
+        lines.append(_memory_line("train mem  ", step["memory"]))
+        phases = step["phases"]
+        ratio = step.get("backward_forward_ratio")
+        lines.append(
+            f"train step {options['optimizer']} ({options['impl']}"
+            + (f", autocast {options['amp']}" if options["amp"] else "") + "): "
+            + ", ".join(f"{name} {fmt_count(p['flops'])} multiply-adds {fmt_bytes(p['mac_bytes'])}"
+                        for name, p in phases.items() if p["ops"])
+            + (f"; backward/forward {ratio:.2f} (input gradients {fmt_count(step['backward']['input_grad_flops'])}, "
+               f"weight gradients {fmt_count(step['backward']['weight_grad_flops'])})" if ratio is not None else ""))
+    return lines
+
+
 def latency_lines(report: Report) -> list[str]:
     """Measured and predicted latency: end to end, per-layer sum and the gap, roofline fit."""
     lat = report.latency
@@ -234,7 +263,7 @@ def render_text(report: Report, depth: int = 2, per_node: bool = False, findings
                 width: int = DEFAULT_WIDTH) -> str:
     """The full terminal report, every line fitted to ``width`` columns (``terminal_width()`` in the CLI)."""
     table = node_table(report, width=width) if per_node else module_table(report, depth, width=width)
-    parts = [table, "", *_hang(totals_lines(report) + latency_lines(report), width)]
+    parts = [table, "", *_hang(totals_lines(report) + memory_lines(report) + latency_lines(report), width)]
     if findings:
         parts += ["", findings_table(report, width=width)]
     if findings and report.recommendations:

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import torch
 
 from ..analysis import analyse
-from ..building import build_real, make_call
-from ..capture import capture_context, strip_user_hooks
+from ..building import build_real, make_call, strip_user_hooks
+from ..capture import capture_context
 from ..errors import VerifyError
 from ..loading import InputSpec, ModelTarget, output_path  # noqa: F401  (output_path: archscan.transform's API)
 from ..measure.predict import report_totals

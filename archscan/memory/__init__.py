@@ -1,0 +1,130 @@
+"""Memory: the bytes live over a run by tensor lifetime, their peak and what holds them then.
+
+``MemoryTracker`` (``tracker.py``) follows storages on fake tensors; ``MemoryObserver`` rides the
+capture's own run (an ``archscan.capture.Observer``), so every scan reports its inference
+forward's peak without a run of its own; ``archscan.memory.train`` analyses a whole training step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .. import direct
+from ..building import global_hooks_set_aside, make_call, on_meta
+from ..frames import where
+from ..loading import InputSpec
+from ..recording import module_stack, python_stack, quiet, source_of
+from .tracker import CATEGORIES, MemoryTracker, Peak
+
+__all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "summary"]
+
+
+class MemoryObserver:
+    """The inference forward's memory, found in the capture's run (``Captured.observed["memory"]``)."""
+
+    key = "memory"
+
+    def mode(self, model: nn.Module) -> MemoryTracker:
+        tracker = MemoryTracker()
+        tracker.register([*model.parameters(), *model.buffers()], "params")
+        return tracker
+
+    def result(self, tracker: MemoryTracker, output: Any, model: nn.Module) -> dict:
+        tracker.settle()
+        tracker.close()
+        return summary(tracker, {"basis": "graph"})
+
+
+def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> dict | None:
+    """The inference forward's memory, the model's own forward run eagerly on the capture's model
+    (meta weights with CPU activations under ``archscan.direct``, or fake tensors): Python's
+    variables hold what they hold in the model's code (``x = layer4(layer3(layer2(layer1(x))))``
+    keeps the first ``x`` until the line ends), which the captured graph, freeing each value after
+    its last use, cannot show. None where that run cannot be made (a model with real weights, one
+    that needs tensor values): the capture's graph then gives the figure."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if on_meta(model):
+        base, call = direct.Direct(), make_call(specs, dtype)
+    else:
+        fake_mode = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
+        if fake_mode is None:
+            return None
+        base, call = fake_mode, make_call(specs, dtype, fake_mode)
+    tracker = MemoryTracker(locate=model_line)
+    tracker.register(tensors, "params")
+    tracker.register(call.tensors(), "inputs")
+    hooks = module_hooks(model, tracker)
+    try:
+        with global_hooks_set_aside(), base, tracker, torch.no_grad(), quiet():
+            call(model)
+    except Exception:  # direct.Stop, a value the fake tensors cannot give: the graph's figure stands
+        return None
+    finally:
+        for h in hooks:
+            h.remove()
+        tracker.close()
+    tracker.settle()
+    return summary(tracker, {"basis": "eager"})
+
+
+def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[str, Any], None] | None = None) -> list:
+    """Forward hooks that tell the tracker which module runs (the innermost; its parent again
+    after it); ``on_exit(path, output)`` is called as each module returns."""
+    stack: list[str] = []
+
+    def pre(path):
+        def hook(module, args):
+            stack.append(path)
+            tracker.where = path
+        return hook
+
+    def post(path):
+        def hook(module, args, output):
+            if stack:
+                stack.pop()
+            tracker.where = stack[-1] if stack else ""
+            if on_exit is not None:
+                on_exit(path, output)
+        return hook
+
+    handles = []
+    for path, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(pre(path)))
+        handles.append(module.register_forward_hook(post(path)))
+    return handles
+
+
+def model_line() -> str | None:
+    """'file.py:LINE' of the model code running now (the innermost user frame), or None."""
+    line = python_stack()
+    if not line:
+        return None
+    fname, _, rest = line.partition('", line ')
+    return where(fname.split('File "', 1)[1], int(rest.split(",", 1)[0]))
+
+
+def place(at: Any, source: str | None = None) -> dict:
+    """What the run was at: an fx node (its name, module and source line), a module path, or nothing."""
+    if isinstance(at, torch.fx.Node):
+        stack = module_stack(at)
+        return {"node": at.name, "module": stack[-1][0] if stack else "", "source": source or source_of(at)}
+    return {"node": None, "module": at if isinstance(at, str) else None, "source": source}
+
+
+def summary(tracker: MemoryTracker, extra: dict | None = None) -> dict:
+    """The JSON ``memory`` section: ``peak_bytes``, ``peak_at``, ``at_peak`` (bytes by category),
+    the largest tensors live at the peak, and the live-bytes ``timeline``."""
+    peak = tracker.peak
+    return {
+        "peak_bytes": peak.bytes,
+        "peak_at": {"phase": peak.phase, "op": peak.op, **place(peak.where, peak.source)},
+        "at_peak": dict(peak.by_category),
+        "scratch_bytes": peak.scratch,
+        "largest": [{**{k: v for k, v in t.items() if k != "where"}, **place(t["where"])} for t in peak.largest],
+        "timeline": tracker.timeline(),
+        **(extra or {}),
+    }

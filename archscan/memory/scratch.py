@@ -1,0 +1,114 @@
+"""Scratch a kernel allocates inside itself, invisible at the dispatcher: one registry, keyed by op.
+
+Each entry takes the op's arguments and result (fake tensors: shapes, dtypes, strides) and
+returns the bytes the kernel holds at its worst moment on top of the result it returns. They
+are the CPU kernels' (what the tests' oracle, the CPU allocator under ``torch.profiler``, sees);
+a GPU's cuDNN/cuBLAS workspaces come from their own pools and are not modelled.
+
+Read from the allocator's events of torch 2.13's CPU kernels (oneDNN convolution):
+``benchmarks/probe_scratch.py`` prints them for any shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+Scratch = Callable[..., int]
+_SCRATCH: dict[Any, Scratch] = {}
+
+
+def register_scratch(*ops) -> Callable[[Scratch], Scratch]:
+    """Register a scratch formula for the ops (OpOverloadPackets); each op has one."""
+    def wrap(fn: Scratch) -> Scratch:
+        for op in ops:
+            if op in _SCRATCH:
+                raise ValueError(f"scratch formula for {op} registered twice")
+            _SCRATCH[op] = fn
+        return fn
+    return wrap
+
+
+def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
+    """The transient bytes of ``func`` beyond its result (0 for an op with no entry)."""
+    fn = _SCRATCH.get(func.overloadpacket)
+    if fn is None:
+        return 0
+    try:
+        return int(fn(*args, out=out, **kwargs))
+    except Exception:
+        return 0
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _onednn_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Does the CPU convolution take oneDNN's path (float32/bf16 NCHW 2-D, as torch 2.13 chooses it)?"""
+    return (x.device.type == "cpu" and x.dim() == 4 and x.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+            and x.is_contiguous())
+
+
+ONEDNN_BLOCK = 16  # oneDNN's blocked layouts (nChw16c) pad channels to a multiple of 16 (AVX-512)
+
+
+def _blocked(c: int) -> int:
+    return -(-c // ONEDNN_BLOCK) * ONEDNN_BLOCK
+
+
+@register_scratch(aten.convolution)
+def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, out):
+    """oneDNN reorders the input (unless it has fewer than 8 channels: its first-layer kernel reads
+    NCHW) and the weight to blocked layouts, channels padded to 16, and computes into a blocked
+    output it then copies to the result: at its worst the kernel holds the reorders and the
+    blocked output, then the blocked output and the result."""
+    if transposed or not _onednn_cpu(x, weight):
+        return 0
+    n, cin, *spatial = x.shape
+    cout, cin_g, *kernel = weight.shape
+    size = x.element_size()
+    depthwise = groups == cin and groups > 1
+    x_blocked = 0 if cin < 8 else n * _blocked(cin) * math.prod(spatial) * size
+    w_blocked = (_blocked(cout) * math.prod(kernel) if depthwise
+                 else _blocked(cout) * (_blocked(cin_g) if cin >= 8 else cin_g) * math.prod(kernel)) * size
+    out_blocked = n * _blocked(cout) * math.prod(out.shape[2:]) * size
+    return max(x_blocked + w_blocked + out_blocked, out_blocked + _nbytes(out)) - _nbytes(out)
+
+
+ONEDNN_REDUCTION_BYTES = 8448  # oneDNN's weight-gradient scratchpad beyond the weight's size (2 threads)
+
+
+@register_scratch(aten.convolution_backward)
+def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                                 output_padding, groups, output_mask, *, out):
+    """oneDNN's backward reorders grad_output (and the input, channels a multiple of 8) to its
+    blocked layout; the input gradient is computed into a blocked tensor and copied out, the
+    weight gradient through a scratchpad of the weight's size and a reduction buffer (not for a
+    depthwise convolution)."""
+    if transposed or not _onednn_cpu(x, weight):
+        return 0
+    go, xin, w = _nbytes(grad_output), (_nbytes(x) if x.shape[1] % 8 == 0 else 0), _nbytes(weight)
+    results = sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
+    worst = 0
+    if output_mask[0]:  # grad_output and weight reordered, blocked input gradient; then blocked and plain
+        gi = _nbytes(x)
+        worst = max(go + w + gi, 2 * gi) - results
+    if output_mask[1]:  # the input gradient (a result) is live by then
+        pad = 0 if groups == x.shape[1] and groups > 1 else w + ONEDNN_REDUCTION_BYTES
+        worst = max(worst, go + xin + pad + (_nbytes(x) if output_mask[0] else 0) + w - results)
+    return max(worst, 0)
+
+
+@register_scratch(aten.native_layer_norm_backward)
+def layer_norm_backward_scratch(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *, out):
+    """The CPU kernel sums the weight and bias gradients per thread: two float32 buffers of the
+    normalized size for each of ``torch.get_num_threads()`` threads."""
+    if x.device.type != "cpu" or not (output_mask[1] or output_mask[2]):
+        return 0
+    return 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4

@@ -1,0 +1,186 @@
+"""Peak memory by tensor lifetime: which bytes are live at each moment of a run, on fake tensors.
+
+A tensor's bytes are its storage's: they become live when the op that makes a new storage
+returns and stop being live when nothing holds the storage any more (a ``weakref.finalize`` on
+the storage fires: the last view, the autograd graph's saved tensor, the optimizer's state and
+the Python variable are all gone). Views and in-place ops make no new storage. That is what the
+allocator must hold, so the peak is comparable with the CPU allocator's events under
+``torch.profiler.profile(profile_memory=True)`` (tests/test_memory.py) and with
+``torch.cuda.max_memory_allocated`` (less its 512-byte rounding).
+
+Kernels that allocate scratch inside themselves (oneDNN's reorders on the CPU) are invisible at
+the dispatcher: ``archscan.memory.scratch`` models them per op, as a transient spike on top of
+the bytes live when the op returns.
+
+Every byte live at a moment belongs to one category (``CATEGORIES``): ``params`` and ``inputs``
+(and ``optimizer_state``) are registered before the run, ``grads`` are the storages that end the
+run as a parameter's ``.grad``, ``activations`` are made in the forward and ``temporaries``
+everywhere else.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..costs import tensors_in
+from .scratch import scratch_bytes
+
+CATEGORIES = ("params", "grads", "optimizer_state", "activations", "temporaries", "inputs")
+TIMELINE_POINTS = 400  # the timeline keeps at most this many points (each bin's highest moment)
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    category: str
+    phase: str
+    op: str
+    where: Any  # what the run was at when it was made (an fx node, a module path, or None)
+    shape: tuple[int, ...]
+    dtype: str
+    serial: int = 0  # unique over the run (a storage's address is not: a later storage may take it)
+
+
+@dataclass
+class Peak:
+    """The worst moment of a run: the bytes live then, by category, and where the run was."""
+
+    bytes: int = 0
+    phase: str = ""
+    op: str = ""
+    where: Any = None
+    scratch: int = 0                                         # a kernel's own scratch at that moment
+    source: str | None = None                                # the model's source line then (file:line)
+    by_category: dict[str, int] = field(default_factory=dict)
+    largest: list[dict] = field(default_factory=list)         # the largest tensors live then
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Follows every storage the ops of a run make, until it is freed; keeps the peak.
+
+    Register what exists before the run (``register``: parameters, buffers, inputs, optimizer
+    state); anything else an op reads that was not registered (a constant made outside the run)
+    counts as an input. ``phase`` names the part of the run (forward, backward, optimizer) and
+    ``where`` what runs now (the interpreter sets its fx node; the training step its module):
+    both are kept with each storage and with the peak.
+    """
+
+    def __init__(self, scratch: Callable[..., int] | None = scratch_bytes, locate: Callable[[], str | None] | None = None):
+        super().__init__()
+        self.locate = locate  # called at each new peak: the model's source line running then
+        self.live: dict[int, _Storage] = {}
+        self.bytes = 0
+        self.phase = "forward"
+        self.where: Any = None
+        self.peak = Peak()
+        self.scratch = scratch
+        self.ops = 0
+        self.serials = 0
+        self._timeline: list[tuple[int, int, str]] = []  # (allocating op's index, live bytes, phase) after each change
+        self._finalizers: list[weakref.finalize] = []
+
+    # --- storages -------------------------------------------------------------------------------------
+
+    def register(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Count tensors that exist before the run (their storages, once each) as ``category``."""
+        for t in tensors:
+            self._add(t, category, "before", "")
+
+    def _add(self, t: torch.Tensor, category: str, phase: str, op: str) -> bool:
+        try:
+            storage = t.untyped_storage()
+        except Exception:  # a tensor subclass without storage (sparse, nested): not tracked
+            return False
+        key = storage._cdata
+        if key in self.live:
+            return False
+        nbytes = storage.nbytes()
+        self.serials += 1
+        self.live[key] = _Storage(nbytes, category, phase, op, self.where, tuple(t.shape),
+                                  str(t.dtype).replace("torch.", ""), self.serials)
+        self.bytes += nbytes
+        self._finalizers.append(weakref.finalize(storage, self._free, key))
+        return True
+
+    def _free(self, key: int) -> None:
+        gone = self.live.pop(key, None)
+        if gone is not None:
+            self.bytes -= gone.nbytes
+            self._timeline.append((self.ops, self.bytes, self.phase))
+
+    def storage_keys(self, tensors: Iterable[torch.Tensor]) -> set[int]:
+        return {t.untyped_storage()._cdata for t in tensors}
+
+    def serials_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
+        """The serial numbers of the live storages of ``tensors``."""
+        return {self.live[k].serial for k in self.storage_keys(tensors) if k in self.live}
+
+    # --- the run ----------------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in tensors_in((args, kwargs)):
+            self._add(t, "inputs", "before", "")  # made outside the run and not registered: a constant
+        out = func(*args, **kwargs)
+        made = self.phase == "forward" and "activations" or "temporaries"
+        new = [self._add(t, made, self.phase, str(func.overloadpacket.__name__)) for t in tensors_in(out)]
+        extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0
+        if any(new) or extra:  # the timeline's steps are the ops that allocate (others change nothing)
+            self.ops += 1
+            self._timeline.append((self.ops, self.bytes + extra, self.phase))
+        if self.bytes + extra > self.peak.bytes:
+            self._new_peak(str(func.overloadpacket.__name__), extra)
+        return out
+
+    def _new_peak(self, op: str, extra: int) -> None:
+        self.peak = Peak(self.bytes + extra, self.phase, op, self.where, extra,
+                         self.locate() if self.locate is not None and self.phase == "forward" else None)
+        self._peak_live = list(self.live.items())  # categories are settled at the end (grads)
+
+    def settle(self, grads: Iterable[torch.Tensor] = ()) -> Peak:
+        """Close the books: storages that are (or were) a parameter's gradient count as grads;
+        the peak's breakdown by category and its largest tensors."""
+        self.mark_grads(grads)
+        peak = self.peak
+        by_category = dict.fromkeys(CATEGORIES, 0)
+        live = getattr(self, "_peak_live", list(self.live.items()))
+        for _, s in live:
+            by_category[s.category] += s.nbytes
+        by_category["temporaries"] += peak.scratch
+        peak.by_category = by_category
+        largest = sorted(live, key=lambda kv: -kv[1].nbytes)[:5]
+        peak.largest = [{"bytes": s.nbytes, "category": s.category, "shape": list(s.shape),
+                         "dtype": s.dtype, "phase": s.phase, "op": s.op, "where": s.where} for _, s in largest]
+        return peak
+
+    def mark_grads(self, grads: Iterable[torch.Tensor]) -> None:
+        """Gradients live now (after backward): their storages count as grads, at every moment
+        they were live (the records are shared with the peak's snapshot). A storage's key is its
+        address, which a later storage may take: only live storages are marked."""
+        for key in self.storage_keys(grads):
+            if key in self.live:
+                self.live[key].category = "grads"
+
+    def timeline(self, points: int = TIMELINE_POINTS) -> list[dict]:
+        """Live bytes over the run, at most ``points`` entries: each keeps the highest moment of its
+        stretch of ops (so the peak is always in it)."""
+        rows = self._timeline
+        if not rows:
+            return []
+        step = max(1, -(-len(rows) // points))
+        out = []
+        for i in range(0, len(rows), step):
+            op, live, phase = max(rows[i:i + step], key=lambda r: r[1])
+            out.append({"op": op, "bytes": live, "phase": phase})
+        return out
+
+    def close(self) -> None:
+        """Stop following the storages (their finalizers would outlive the run)."""
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()

@@ -1,0 +1,248 @@
+"""One training step on fake tensors: forward, a stand-in loss, backward, optimizer step.
+
+The model runs as written (autocast with ``--amp``, ``torch.utils.checkpoint`` in forward,
+parameters frozen in the model or with ``--freeze``) with the optimizer asked for, twice: the
+first step makes the optimizer's state, the second is the steady state, analysed. Nothing is
+allocated and nothing computed: every tensor is fake.
+
+The loss is the sum of every floating-point output that requires grad (``sum(t.sum())``): its
+backward reaches every parameter a real loss would, and costs what a real loss's backward costs
+beyond the loss itself.
+
+Costs per phase (forward, backward, optimizer) are archscan's per-op formulas (the registry of
+``archscan.costs``); a backward op whose result becomes a parameter's gradient is weight-gradient
+work, any other input-gradient work, and a convolution's backward is split by its output mask.
+The step's memory is ``archscan.memory.MemoryTracker``'s, with ``zero_grad(set_to_none=True)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..building import build_fake, global_hooks_set_aside, make_call, strip_user_hooks
+from ..costs import cost_op, tensors_in
+from ..errors import ArchscanError, CaptureError
+from ..frames import short
+from ..loading import InputSpec, ModelTarget
+from ..recording import output_tensors, quiet
+from . import model_line, module_hooks, summary
+from .tracker import MemoryTracker
+
+OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "momentum": 0.9}),
+              "adam": ("Adam", {}), "adamw": ("AdamW", {})}
+IMPLS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What the step is: the optimizer (``OPTIMIZERS``), its implementation (``IMPLS``; None:
+    torch's default for the device and dtype), autocast (``AMP``) and frozen parameter prefixes."""
+
+    optimizer: str = "adamw"
+    impl: str | None = None
+    amp: str | None = None
+    freeze: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, optimizer: str | None = None, amp: str | None = None, freeze: Sequence[str] = ()) -> "TrainOptions":
+        """From the command line's words: ``--optimizer NAME[:IMPL]``, ``--amp``, ``--freeze`` (checked)."""
+        name, _, impl = (optimizer or "adamw").partition(":")
+        if name not in OPTIMIZERS:
+            raise ArchscanError(f"unknown optimizer {name!r}", hint=f"use one of: {', '.join(OPTIMIZERS)} (NAME[:IMPL])")
+        if impl and impl not in IMPLS:
+            raise ArchscanError(f"unknown optimizer implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
+        if amp is not None and amp not in AMP:
+            raise ArchscanError(f"unknown --amp {amp!r}", hint=f"use one of: {', '.join(AMP)}")
+        return cls(name, impl or None, amp, tuple(freeze))
+
+    def to_json(self) -> dict:
+        return {"optimizer": self.optimizer, "impl": self.impl or "default", "amp": self.amp, "freeze": list(self.freeze),
+                "loss": "sum of every floating-point output that requires grad", "zero_grad": "set_to_none=True"}
+
+
+class _StepRecorder(TorchDispatchMode):
+    """Costs every op of the step into its phase and module (one record per op, the module the
+    forward op ran in, or the forward op a backward op answers)."""
+
+    def __init__(self, tracker: MemoryTracker):
+        super().__init__()
+        self.tracker = tracker
+        self.rows: list[list] = []      # [phase, module, flops, mac_bytes, out storage keys]
+        self.forward_of: dict[int, str] = {}  # autograd node sequence number -> module path of the op that made it
+        self.recompute = False          # inside a checkpointed region's recompute
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "prim":
+            return out
+        phase = self.tracker.phase
+        module = self.tracker.where if isinstance(self.tracker.where, str) else ""
+        if phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                module = self.forward_of.get(node._sequence_nr(), "")
+                self.tracker.where = module
+            if _in_forward_of_backward():  # checkpoint recomputes its forward inside backward
+                phase = "recompute"
+        cost = cost_op(func, args, kwargs, out)
+        live = self.tracker.live  # the tracker below has registered the results already
+        keys = [live[k].serial for k in (t.untyped_storage()._cdata for t in tensors_in(out)) if k in live]
+        input_share = 1.0  # of a backward op's multiply-adds, the input gradient's (decided later for the rest)
+        if func.overloadpacket is torch.ops.aten.convolution_backward:
+            mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
+            input_share = bool(mask[0]) / max(int(bool(mask[0])) + int(bool(mask[1])), 1)
+        elif phase == "backward":
+            input_share = None
+        self.rows.append((phase, module, cost.flops, cost.mac_bytes, keys, input_share))
+        return out
+
+
+def _in_forward_of_backward() -> bool:
+    """Is a checkpointed forward being recomputed (autograd is recording inside backward)?"""
+    return torch.is_grad_enabled() and torch._C._current_autograd_node() is not None
+
+
+def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOptions, kwargs: dict | None = None,
+               dtype: torch.dtype | None = None) -> dict:
+    """Analyse one steady-state training step (see the module docstring): the JSON ``training``
+    section, with the step's ``memory``."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = build_fake(target, kwargs or {}, dtype, fake_mode, specs).train()
+    strip_user_hooks(model)  # the analysis is of forward itself (archscan.capture)
+    _freeze(model, options.freeze)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ArchscanError(f"{target.name} has no trainable parameter" + (" left after --freeze" if options.freeze else ""),
+                            hint="a training step needs a parameter that requires grad")
+    call = make_call(specs, dtype, fake_mode)
+    optimizer = _optimizer(params, options)
+    tracker = MemoryTracker(locate=model_line)
+    recorder = _StepRecorder(tracker)
+    def claim(path: str, output: Any) -> None:
+        if tracker.phase == "forward" and torch.is_grad_enabled():
+            _claim(recorder.forward_of, output, path)
+
+    hooks = module_hooks(model, tracker, claim)
+    try:
+        with global_hooks_set_aside(), fake_mode, quiet():
+            _step(model, call, optimizer, options, None, None)  # the optimizer's state exists after it
+            tracker.register([*model.parameters(), *model.buffers()], "params")
+            tracker.register(call.tensors(), "inputs")
+            tracker.register([v for state in optimizer.state.values() for v in state.values()
+                              if isinstance(v, torch.Tensor)], "optimizer_state")
+            tracker.peak.bytes = tracker.bytes
+            with tracker, recorder:
+                grads = _step(model, call, optimizer, options, tracker, recorder)
+    except ArchscanError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"the training step of {target.name} did not run on fake tensors: {short(exc)}",
+                           hint="`archscan MODEL` (without --train) shows whether its forward runs") from exc
+    finally:
+        for h in hooks:
+            h.remove()
+    tracker.settle(grads)
+    tracker.close()
+    return {"options": options.to_json(), **_costs(recorder, grad_keys=tracker.serials_of(grads)),
+            "memory": summary(tracker)}
+
+
+def _freeze(model: nn.Module, prefixes: Sequence[str]) -> None:
+    for prefix in prefixes:
+        hit = [p for name, p in model.named_parameters() if name == prefix or name.startswith(prefix.rstrip(".") + ".")]
+        if not hit:
+            raise ArchscanError(f"--freeze {prefix} matches no parameter",
+                                hint="give a module path prefix, as `archscan MODEL` lists them (e.g. --freeze layer1)")
+        for p in hit:
+            p.requires_grad_(False)
+
+
+def _optimizer(params: list[nn.Parameter], options: TrainOptions) -> torch.optim.Optimizer:
+    cls_name, defaults = OPTIMIZERS[options.optimizer]
+    impl = IMPLS.get(options.impl or "", {})
+    if impl.get("fused") and not all(p.is_floating_point() for p in params):
+        raise ArchscanError(f"torch has no fused {options.optimizer} for these parameters", hint="use :foreach or :for-loop")
+    try:
+        return getattr(torch.optim, cls_name)(params, **defaults, **impl)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ArchscanError(f"torch cannot make {options.optimizer}:{options.impl} here: {short(exc)}",
+                            hint="use :foreach or :for-loop") from None
+
+
+def _claim(forward_of: dict[int, str], output: Any, path: str) -> None:
+    stack = [t.grad_fn for t in output_tensors(output) if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        nr = node._sequence_nr()
+        if nr in forward_of:
+            continue
+        forward_of[nr] = path
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+
+
+def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker | None, recorder) -> list:
+    """forward, loss, backward, optimizer step, zero_grad(set_to_none=True); the gradients it made."""
+    def phase(name: str) -> None:
+        if tracker is not None:
+            tracker.phase = name
+            tracker.where = ""
+
+    phase("forward")
+    amp = torch.autocast("cpu", dtype=AMP[options.amp]) if options.amp else contextlib.nullcontext()
+    with amp:
+        output = call(model)
+    outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not outs:
+        raise ArchscanError("no floating-point output of the model requires grad: there is nothing to train",
+                            hint="the model's output must depend on a parameter that requires grad")
+    loss = outs[0].sum()
+    for t in outs[1:]:
+        loss = loss + t.sum()
+    del output, outs
+    phase("backward")
+    loss.backward()
+    del loss
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if tracker is not None:
+        tracker.mark_grads(grads)
+    phase("optimizer")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+def _costs(recorder: _StepRecorder, grad_keys: set[int]) -> dict:
+    """Per phase and per module: multiply-adds and bytes, backward split into input and weight
+    gradients, and the backward/forward ratio."""
+    phases = {p: {"flops": 0, "mac_bytes": 0, "ops": 0} for p in (*PHASES, "recompute")}
+    split = {"input_grad_flops": 0, "weight_grad_flops": 0}
+    modules: dict[str, dict] = {}
+    for phase, module, flops, mac, keys, input_share in recorder.rows:
+        row = phases[phase]
+        row["flops"] += flops
+        row["mac_bytes"] += mac
+        row["ops"] += 1
+        per = modules.setdefault(module, {p: 0 for p in ("forward", "input_grad", "weight_grad", "recompute", "optimizer")})
+        if phase == "backward":
+            if input_share is None:
+                input_share = 0.0 if any(k in grad_keys for k in keys) else 1.0
+            to_input = round(flops * input_share)
+            split["input_grad_flops"] += to_input
+            split["weight_grad_flops"] += flops - to_input
+            per["input_grad"] += to_input
+            per["weight_grad"] += flops - to_input
+        else:
+            per[phase] += flops
+    forward = phases["forward"]["flops"]
+    return {"phases": phases, "backward": split, "modules": modules,
+            "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}

@@ -1,0 +1,71 @@
+"""The CPU allocator as the oracle of peak memory: a real run under
+``torch.profiler.profile(profile_memory=True)``, its allocation events summed in time order (not
+``total_allocated``: that carries bytes of earlier profiling sessions), plus what was resident when
+the run began (parameters, buffers, inputs and the optimizer's state)."""
+
+from __future__ import annotations
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+
+from archscan.memory.train import AMP, IMPLS, OPTIMIZERS
+from archscan.recording import output_tensors
+
+
+def _allocations_peak(prof) -> int:
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        ev = stack.pop()
+        if ev.tag == _EventType.Allocation and str(ev.extra_fields.device) == "cpu":
+            events.append((ev.start_time_ns, ev.extra_fields.alloc_size))
+        stack.extend(ev.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+def _resident(tensors) -> int:
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
+def forward_peak(model: torch.nn.Module, inputs: list) -> int:
+    """Peak bytes of an inference forward (no_grad), after one warm-up forward."""
+    with torch.no_grad():
+        model(*inputs)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            model(*inputs)
+    return _resident([*model.parameters(), *model.buffers(), *inputs]) + _allocations_peak(prof)
+
+
+def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
+              amp: str | None = None) -> int:
+    """Peak bytes of a steady-state training step as archscan runs it (archscan.memory.train):
+    forward (under autocast with ``amp``), loss = sum of the floating outputs that require grad,
+    the outputs released before backward, optimizer step, zero_grad(set_to_none=True)."""
+    cls, defaults = OPTIMIZERS[optimizer]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = getattr(torch.optim, cls)(params, **defaults, **IMPLS.get(impl or "", {}))
+
+    def step():
+        with torch.autocast("cpu", dtype=AMP[amp]) if amp else torch.autocast("cpu", enabled=False):
+            output = model(*inputs)
+        outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+        loss = outs[0].sum()
+        for t in outs[1:]:
+            loss = loss + t.sum()
+        del output, outs
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    state = [v for s in opt.state.values() for v in s.values()]
+    resident = _resident([*model.parameters(), *model.buffers(), *inputs, *state])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    return resident + _allocations_peak(prof)

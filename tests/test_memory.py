@@ -1,0 +1,225 @@
+"""Peak memory by tensor lifetime and the training step, against the CPU allocator (tests/memory_oracle.py)
+and hand formulas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as checkpoint
+
+import archscan
+from archscan import zoo
+from archscan.costs import cost_op
+from archscan.loading import InputSpec, ModelTarget
+from archscan.memory import MemoryTracker
+from archscan.memory.train import TrainOptions, train_step
+from memory_oracle import forward_peak, step_peak
+
+
+class Blocks(nn.Module):
+    """Residual MLP blocks, each run under torch.utils.checkpoint (non-reentrant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + checkpoint.checkpoint(block, x, use_reentrant=False)
+        return self.head(x)
+
+
+def small_cnn(groups: int = 1) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.Conv2d(32, 32, 3, padding=1, groups=groups), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def norms_only() -> nn.Module:
+    model = zoo.create_model("resnet18", num_classes=10)
+    for name, p in model.named_parameters():
+        p.requires_grad_("bn" in name or "downsample.1" in name)
+    return model
+
+
+IMAGE = [InputSpec((2, 3, 64, 64))]
+# name: (build, inputs, optimizer, implementation, amp, --freeze prefixes)
+STEPS = {
+    "mlp-adamw": (lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), [InputSpec((32, 64))],
+                  "adamw", None, None, ()),
+    "layernorm-gelu-adamw": (lambda: nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 10)),
+                             [InputSpec((32, 64))], "adamw", None, None, ()),
+    "cnn-foreach": (small_cnn, [InputSpec((4, 3, 32, 32))], "adamw", "foreach", None, ()),
+    "depthwise-sgd-momentum": (lambda: small_cnn(32), [InputSpec((4, 3, 32, 32))], "sgd-momentum", None, None, ()),
+    "grouped-fused-adam": (lambda: small_cnn(4), [InputSpec((4, 3, 32, 32))], "adam", "fused", None, ()),
+    "resnet18-adamw": (lambda: zoo.create_model("resnet18"), IMAGE, "adamw", None, None, ()),
+    "mobilenet_v2-sgd": (lambda: zoo.create_model("mobilenet_v2"), IMAGE, "sgd", None, None, ()),
+    "shufflenet_v2-fused-adam": (lambda: zoo.create_model("shufflenet_v2_x0_5"), IMAGE, "adam", "fused", None, ()),
+    "vit_tiny-foreach": (lambda: zoo.create_model("vit_tiny"), [InputSpec((1, 3, 224, 224))], "adamw", "foreach", None, ()),
+    "llama_tiny-decoder": (lambda: zoo.create_model("llama_tiny"), [InputSpec((1, 32), torch.int64)], "adamw", None, None, ()),
+    "encoder-layers": (lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2),
+                       [InputSpec((2, 16, 64))], "adamw", "for-loop", None, ()),
+    "frozen-backbone": (lambda: zoo.create_model("resnet18"), IMAGE, "adamw", None, None,
+                        ("conv1", "bn1", "layer1", "layer2", "layer3", "layer4")),
+    "norms-only": (norms_only, IMAGE, "sgd-momentum", None, None, ()),
+    "checkpointed-blocks": (Blocks, [InputSpec((16, 64))], "adamw", "for-loop", None, ()),
+    "adamw-loop-cnn": (small_cnn, [InputSpec((4, 3, 32, 32))], "adamw", "for-loop", None, ()),
+}
+
+
+def _inputs(specs):
+    return [torch.randint(0, 10, s.shape) if not s.dtype.is_floating_point else torch.randn(s.shape) for s in specs]
+
+
+def _freeze(model, prefixes):
+    for name, p in model.named_parameters():
+        if any(name.startswith(f + ".") for f in prefixes):
+            p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_training_step_peak_matches_the_cpu_allocator(name):
+    """The step's peak on fake tensors is within 1% of the CPU allocator's, never above it by more."""
+    build, specs, optimizer, impl, amp, freeze = STEPS[name]
+    torch.manual_seed(0)
+    want = step_peak(_freeze(build(), freeze), _inputs(specs), optimizer, impl, amp)
+    got = train_step(ModelTarget(name, None, instance=build()), specs, TrainOptions(optimizer, impl, amp, freeze))
+    peak = got["memory"]["peak_bytes"]
+    assert abs(peak - want) <= 0.01 * want, f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})"
+    assert sum(got["memory"]["at_peak"].values()) == peak  # the breakdown adds up to the peak
+
+
+def test_breakdown_of_a_hand_counted_step():
+    """A bias-free linear layer and SGD: at the peak the parameters, the input and the gradient."""
+    model = nn.Linear(64, 32, bias=False)
+    got = train_step(ModelTarget("lin", None, instance=model), [InputSpec((8, 64))], TrainOptions("sgd"))
+    at = got["memory"]["at_peak"]
+    assert at["params"] == 64 * 32 * 4 and at["inputs"] == 8 * 64 * 4 and at["optimizer_state"] == 0
+    assert at["grads"] == 64 * 32 * 4  # the weight's gradient is live when the optimizer steps
+    # forward 8*64*32 multiply-adds; backward: only the weight's gradient (the input needs none)
+    assert got["phases"]["forward"]["flops"] == 8 * 64 * 32
+    assert got["backward"] == {"input_grad_flops": 0, "weight_grad_flops": 8 * 64 * 32}
+
+
+def test_grouped_convolution_backward_is_not_counted_groups_times():
+    """Depthwise conv: its backward costs twice its forward (input and weight gradients), where
+    torch.utils.flop_counter counts the input gradient ``groups`` times over."""
+    model = nn.Sequential(nn.Conv2d(8, 32, 1), nn.Conv2d(32, 32, 3, padding=1, groups=32))
+    got = train_step(ModelTarget("dw", None, instance=model), [InputSpec((2, 8, 16, 16))], TrainOptions("sgd"))
+    first, depthwise = 2 * 16 * 16 * 32 * 8, 2 * 16 * 16 * 32 * 9  # [N*H*W*Cout*Cin/groups*k*k]
+    assert got["phases"]["forward"]["flops"] == first + depthwise
+    # the first conv needs no input gradient: its weight's; the depthwise conv both
+    assert got["backward"] == {"input_grad_flops": depthwise, "weight_grad_flops": first + depthwise}
+
+
+def test_frozen_parameters_have_no_gradient_and_no_state():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("adamw", freeze=("0",)))
+    at = got["memory"]["at_peak"]
+    assert at["optimizer_state"] == 2 * (16 * 4 + 4) * 4 + 2 * 4  # exp_avg, exp_avg_sq of layer 1; a float step per parameter
+    assert at["params"] == (16 * 16 + 16 + 16 * 4 + 4) * 4
+
+
+def test_tracker_counts_storages_not_views():
+    tracker = MemoryTracker(scratch=None)
+    x = torch.zeros(1024)
+    tracker.register([x], "inputs")
+    with tracker:
+        y = x.view(32, 32).t()           # a view: no new storage
+        z = y + 1                        # 4 KiB
+        del z
+        w = x * 2                        # 4 KiB again, after z is gone
+    assert tracker.peak.bytes == 2 * 4096 and tracker.bytes == 2 * 4096
+    del w, y
+    assert tracker.bytes == 4096
+
+
+def test_scan_reports_inference_memory(capsys):
+    report = archscan.scan("zoo:resnet18", [(1, 3, 224, 224)], recommend=False, rules=[])
+    memory = report.memory
+    model = zoo.create_model("resnet18")
+    # weights and buffers (running statistics, the int64 batch counters) are live throughout
+    assert memory["at_peak"]["params"] == sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert memory["inputs_bytes"] == 3 * 224 * 224 * 4
+    assert sum(memory["at_peak"].values()) == memory["peak_bytes"]
+    assert memory["peak_at"]["module"] and memory["peak_at"]["source"]
+    assert "memory" in report.to_json()
+
+
+@pytest.mark.parametrize("name, spec", [("resnet18", "1,3,224,224"), ("mobilenet_v2", "2,3,224,224"),
+                                        ("shufflenet_v2_x0_5", "1,3,224,224"), ("vit_tiny", "1,3,224,224"),
+                                        ("llama_tiny", "1,64:int64"), ("mobilenet_v1_050", "4,3,128,128")])
+def test_inference_peak_matches_the_cpu_allocator(name, spec):
+    """Every scan's inference peak (the model's own forward, run again on the capture's model)."""
+    torch.manual_seed(0)
+    specs = [archscan.InputSpec(*_spec(spec))]
+    want = forward_peak(zoo.create_model(name).eval(), _inputs(specs))
+    memory = archscan.scan("zoo:" + name, specs, recommend=False, rules=[]).memory
+    assert memory["basis"] == "eager"
+    assert abs(memory["peak_bytes"] - want) <= 0.01 * want, f"{memory['peak_bytes']:,} vs {want:,}"
+
+
+def test_graph_lifetimes_when_the_forward_cannot_run_again(monkeypatch):
+    """Where the model's forward cannot run again, the captured graph's lifetimes give the figure
+    (each value freed after its last use: never above the eager forward's)."""
+    import archscan.analysis as analysis
+
+    monkeypatch.setattr(analysis, "forward_memory", lambda *a: None)
+    graph = archscan.scan("zoo:resnet18", [(1, 3, 224, 224)], recommend=False, rules=[]).memory
+    monkeypatch.undo()
+    eager = archscan.scan("zoo:resnet18", [(1, 3, 224, 224)], recommend=False, rules=[]).memory
+    assert graph["basis"] == "graph" and eager["basis"] == "eager"
+    # zoo/resnet.py: x = self.layer4(self.layer3(self.layer2(self.layer1(x)))) keeps the max pool's
+    # output (1x64x56x56 float32) live until the line ends; the graph frees it after layer1
+    assert eager["peak_bytes"] - graph["peak_bytes"] >= 64 * 56 * 56 * 4
+
+
+def _spec(text):
+    from archscan.loading import parse_input_spec
+
+    s = parse_input_spec(text)
+    return s.shape, s.dtype
+
+
+def test_conv_backward_formula_by_hand():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w = torch.randn(2, 16, 8, 8), torch.randn(32, 4, 3, 3)  # groups=4
+        y = torch.nn.functional.conv2d(x, w, padding=1, groups=4)
+        args = (torch.randn_like(y), x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4, [True, False, False])
+        out = torch.ops.aten.convolution_backward.default(*args)
+        flops = cost_op(torch.ops.aten.convolution_backward.default, args, {}, out).flops
+    assert flops == 2 * 8 * 8 * 32 * 4 * 3 * 3  # N*H*W*Cout*(Cin/groups)*k*k, the input gradient only
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--train", "--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
+    (["--train", "--optimizer", "adam:fast"], "unknown optimizer implementation 'fast'"),
+    (["--optimizer", "sgd"], "only applies to a training step"),
+    (["--train", "--freeze", "nothing"], "--freeze nothing matches no parameter"),
+    (["--train", "--freeze", "features", "--freeze", "classifier"], "no trainable parameter left after --freeze"),
+])
+def test_bad_training_options_are_one_line(capsys, args, needle):
+    from archscan.cli import main
+
+    code = main(["zoo:mobilenet_v2", "--input", "1,3,32,32", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_train_json_from_the_command_line(capsys):
+    from archscan.cli import main
+
+    assert main(["zoo:mobilenet_v1_050", "--input", "2,3,32,32", "--train", "--optimizer", "sgd:foreach", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    training = data["training"]
+    assert training["options"]["optimizer"] == "sgd" and training["options"]["impl"] == "foreach"
+    assert training["memory"]["peak_at"]["phase"] in ("forward", "backward", "optimizer")
+    assert training["phases"]["forward"]["flops"] == data["totals"]["flops"]  # the step's forward is the scan's
+    assert 1.5 < training["backward_forward_ratio"] < 2.0  # the first conv needs no input gradient
