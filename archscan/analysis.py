@@ -47,17 +47,18 @@ class Analysis:
 def analyse(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
             inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
             dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
-            rules: Sequence[str] | None = (), observers: Sequence[Observer] = ()) -> Report:
+            rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True) -> Report:
     """Count a model (params, FLOPs, MAC per layer) and check the rules, with no measurement,
-    prediction or recommendation: ``analysis(...).report``. Arguments as for ``analysis``."""
+    prediction or recommendation: ``analysis(...).report``. Arguments as for ``analysis``; the
+    stages that count changed copies of a model leave their memory out (``memory=False``)."""
     return analysis(model, inputs, kwargs=kwargs, dtype=dtype, capture_method=capture_method, name=name,
-                    rules=rules, observers=observers).report
+                    rules=rules, observers=observers, memory=memory).report
 
 
 def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
              inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
              dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
-             rules: Sequence[str] | None = (), observers: Sequence[Observer] = ()) -> Analysis:
+             rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True) -> Analysis:
     """Capture and cost a model, build its report and check the rules.
 
     Args:
@@ -66,6 +67,7 @@ def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
             that reads measurements finds nothing here: ``archscan.scan`` checks the rules after
             measuring.
         observers: what rides the capture's run (``archscan.capture.Observer``).
+        memory: find the inference forward's memory (``Report.memory``, ``archscan.memory``).
     """
     dtype = model_dtype(dtype)
     specs = input_specs(inputs, dtype)
@@ -74,8 +76,9 @@ def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     try:
         with seeded_rng():
-            captured = capture(target, specs, kwargs or {}, dtype, capture_method, (MemoryObserver(), *observers))
-            report = build_report(captured, name or target.name, specs, dtype)
+            captured = capture(target, specs, kwargs or {}, dtype, capture_method,
+                               (MemoryObserver(), *observers) if memory else observers)
+            report = build_report(captured, name or target.name, specs, dtype, memory)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
     if selected:
@@ -203,7 +206,7 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
     return attrs
 
 
-def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype) -> Report:
+def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype, memory: bool = True) -> Report:
     """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
     gm, model = captured.gm, captured.model
     seen_params: set = set()
@@ -263,7 +266,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         model=model_name, capture=captured.kind, inputs=tuple(s.to_json() for s in specs),
         dtype=dtype_name(dtype) if dtype is not None else "float32", totals=totals, nodes=tuple(nodes),
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
-        memory=_memory(captured, specs, dtype),
+        memory=_memory(captured, specs, dtype) if memory else None,
     )
 
 

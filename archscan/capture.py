@@ -69,9 +69,11 @@ class Observer(Protocol):
 
     ``mode(model)`` gives a dispatch mode the run stacks between the tensors and the cost
     recorder; after the run ``result(mode, output, model)`` says what it found, kept in
-    ``Captured.observed[key]``. The graph captures carry observers (the direct run, and fx or
-    export on fake tensors); the eager recording does not: there the key is absent and the stage
-    finds what it needs itself. A mode with a ``where`` attribute is told the fx node that runs.
+    ``Captured.observed[key]``. The direct run (``archscan.direct``) carries observers: it is
+    cheap where it runs. Where the capture takes another path the key is absent and the stage
+    finds what it needs itself (``archscan.prune.analyse``), or goes without (a memory figure on
+    the captured graph's lifetimes). A mode with a ``where`` attribute is told the fx node that
+    runs.
     """
 
     key: str
@@ -234,7 +236,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
         observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
-            graph capture took the model.
+            direct run captured the model.
     """
     with capture_context():
         return _capture(target, specs, kwargs or {}, dtype, method, observers)
@@ -256,21 +258,20 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     names, numel, weight_keys = _weight_maps(model)
     call = make_call(specs, dtype, fake_mode)
 
-    def captured(graph, kind, notes=(), syncs=(), real_model=None) -> Captured:
-        gm, observed = graph if isinstance(graph, tuple) else (graph, {})
+    def captured(gm, kind, notes=(), syncs=(), real_model=None) -> Captured:
         return Captured(gm, kind, real_model if real_model is not None else model, _notes(failures) + list(notes)
                         + _hook_notes(hooks), names, numel, failures, _was_training(target), tuple(syncs),
-                        fake=real_model is None, observed=observed)
+                        fake=real_model is None)
 
     if target.program:  # an exported program (.pt2): its graph is the capture, module stacks included
-        graph = _try_graph("program", model, call, fake_mode, weight_keys, names, failures, observers=observers)
-        if graph is None:
+        gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures)
+        if gm is None:
             raise CaptureError(f"the exported program {target.name} does not run: {failures['program']}")
-        return captured(graph, "export")
+        return captured(gm, "export")
     if method in ("auto", "fx"):
-        graph = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures, observers=observers)
-        if graph is not None:
-            return captured(graph, "fx")
+        gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
+        if gm is not None:
+            return captured(gm, "fx")
     recording = None
     if method in ("auto", "eager"):
         watcher = SyncWatcher()
@@ -284,9 +285,9 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
             failures["export" if method == "auto" else "eager on fake tensors"] = f"skipped: {why}"
     if method == "export" or (method == "auto" and recording is not None):
         watcher = SyncWatcher()
-        graph = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher, observers)
-        if graph is not None:
-            return captured(graph, "export", syncs=watcher.records())
+        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
+        if gm is not None:
+            return captured(gm, "export", syncs=watcher.records())
     if method in ("fx", "export"):
         raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
                            hint="use --capture auto to let archscan fall back to another capture")
@@ -348,19 +349,17 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
         raise _rejected(failure, model, call) from failure.exc
     except Exception:
         return None
-    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (),
-                    observed=_observed(observers, modes, out, model))
+    observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), observed=observed)
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
-               watcher: SyncWatcher | None = None,
-               observers: Sequence[Observer] = ()) -> tuple[torch.fx.GraphModule, dict] | None:
-    """Trace with fx or export and cost the graph on fake tensors: the graph and what the
-    observers found; None (and ``failures[kind]``) when it does not work. A model that rejects
-    its inputs is an input error, raised."""
+               watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
+    """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
+    when it does not work. A model that rejects its inputs is an input error, raised."""
     try:
         with quiet(), watcher or contextlib.nullcontext():
             gm = (model if kind == "program" else trace_fx(model, call) if kind == "fx"
@@ -369,9 +368,8 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
         failures[kind] = short(exc)
         return None
     recorder = OpRecorder(weight_keys, set(names))
-    modes = [observer.mode(model) for observer in observers]
     try:
-        out = _interpret(gm, call, fake_mode, recorder, modes)
+        _interpret(gm, call, fake_mode, recorder)
     except _NodeFailure as failure:
         if needs_values(failure.exc):
             failures[kind] = f"needs tensor values at {source_of(failure.node) or failure.node.name}: {short(failure.exc)}"
@@ -380,11 +378,7 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
             raise _rejected(failure, model, call) from failure.exc
         failures[kind] = f"graph did not run: {short(failure.exc)}"
         return None
-    return gm, _observed(observers, modes, out, model)
-
-
-def _observed(observers: Sequence[Observer], modes: list, out: Any, model: nn.Module) -> dict[str, Any]:
-    return {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
+    return gm
 
 
 def _rejected(failure: _NodeFailure, model: nn.Module, call: Call) -> ArchscanError:

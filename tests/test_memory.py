@@ -223,3 +223,32 @@ def test_train_json_from_the_command_line(capsys):
     assert training["memory"]["peak_at"]["phase"] in ("forward", "backward", "optimizer")
     assert training["phases"]["forward"]["flops"] == data["totals"]["flops"]  # the step's forward is the scan's
     assert 1.5 < training["backward_forward_ratio"] < 2.0  # the first conv needs no input gradient
+
+
+def test_checkpoint_recompute_is_its_own_phase():
+    """Non-reentrant checkpointing recomputes each block's first linear and GELU in the backward,
+    and stops there (its last linear's output is not needed): 4 blocks x 16*64*256."""
+    got = train_step(ModelTarget("b", None, instance=Blocks()), [InputSpec((16, 64))], TrainOptions())
+    assert got["phases"]["recompute"]["flops"] == 4 * 16 * 64 * 256
+    assert got["phases"]["forward"]["flops"] == 4 * 2 * 16 * 64 * 256 + 16 * 64 * 10
+
+
+def test_attention_and_embedding_backward_are_counted():
+    """The zoo's Llama: nothing of its step is uncounted; its backward is over twice the forward
+    because attention's backward recomputes the scores (torch.utils.flop_counter's convention)."""
+    got = train_step(ModelTarget("llama", None, instance=zoo.create_model("llama_tiny")),
+                     [InputSpec((1, 32), torch.int64)], TrainOptions())
+    assert got["uncounted"] == {}
+    assert 2.0 < got["backward_forward_ratio"] < 2.1
+
+
+def test_sdpa_cpu_backward_formula_by_hand():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    with FakeTensorMode():
+        q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 32, 8), torch.randn(2, 4, 32, 6)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+        args = (torch.randn_like(out), q, k, v, out, lse, 0.0, False)
+        flops = cost_op(op, args, {}, op(*args)).flops
+    assert flops == 2 * 4 * 16 * 32 * (3 * 8 + 2 * 6)  # b*h*l*s*(3e + 2ev)

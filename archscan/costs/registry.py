@@ -125,7 +125,9 @@ def _opt(name: str):
 for _p in (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
            _opt("_scaled_dot_product_efficient_attention"), _opt("_scaled_dot_product_flash_attention"),
            _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
-           _opt("_efficient_attention_forward")):
+           _opt("_efficient_attention_forward"), _opt("_scaled_dot_product_efficient_attention_backward"),
+           _opt("_scaled_dot_product_flash_attention_backward"), _opt("_scaled_dot_product_cudnn_attention_backward"),
+           _opt("_flash_attention_backward"), _opt("_efficient_attention_backward")):
     if _p is not None and _p in _torch_flop_registry:
         _reuse_torch(_p)
 
@@ -160,6 +162,19 @@ def sdpa_cpu_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
     for d in batch:
         bh *= d
     return bh * l * s * (e + ev)
+
+
+@register_flops(*[p for p in (_opt("_scaled_dot_product_flash_attention_for_cpu_backward"),) if p is not None])
+def sdpa_cpu_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    """The backward of scaled_dot_product_attention on CPU, as torch.utils.flop_counter counts the
+    GPU kernels' (halved): the scores Q K^T recomputed, dP = dO V^T, dV = P^T dO, dQ = dS K,
+    dK = dS^T Q.
+
+    # [b, h, l, e], [b, hk, s, e], [b, hk, s, ev] = sdpa_backward(dO [b, h, l, ev], ...); GQA: per query head
+    """
+    *batch, l, e = _shape(query)
+    s, ev = _shape(value)[-2], _shape(value)[-1]
+    return math.prod(batch) * l * s * (3 * e + 2 * ev)
 
 
 @register_flops(aten._native_multi_head_attention)
@@ -226,7 +241,16 @@ _categorize("attention", *[p for p in (
 _categorize("conv", aten.convolution, aten._convolution)
 _categorize("matmul", aten.mm, aten.bmm, aten.baddbmm)
 _categorize("linear", aten.addmm)
-_categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag)
+_categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag, aten.embedding_dense_backward)
+
+
+@register_elem_ops(aten.embedding_dense_backward)
+def embedding_backward_elem_ops(grad_output: tuple, indices: tuple, num_weights: int, *args, out_shape: tuple,
+                                **kwargs) -> int:
+    """An embedding's weight gradient adds each gradient row into its token's row: one add per
+    element of the gradient (no multiply-adds), on top of zeroing the table's gradient."""
+    # [num_weights, dim] = embedding_dense_backward([..., dim], [...])
+    return math.prod(grad_output) + math.prod(out_shape)
 _categorize("norm", *[p for p in (
     aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
     aten.native_layer_norm, aten.native_group_norm, _opt("_fused_rms_norm"), aten.batch_norm,

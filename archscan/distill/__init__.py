@@ -156,7 +156,8 @@ def estimate(report: Report, student: Student, profile=None, view: Teacher | Non
 def _unit_totals(unit: tuple, dtype: str, profile) -> dict:
     _, in_shape, out_shape, stride = unit
     target = ModelTarget("ShuffleUnit", lambda: ShuffleUnit(in_shape[1], out_shape[1], stride))
-    report = analyse(target, [InputSpec(tuple(in_shape))], dtype=None if dtype == "float32" else parse_dtype(dtype))
+    report = analyse(target, [InputSpec(tuple(in_shape))], dtype=None if dtype == "float32" else parse_dtype(dtype),
+                     memory=False)
     return report_totals(predicted(report, profile))
 
 
@@ -237,7 +238,7 @@ def check(report: Report, target: ModelTarget, specs: Sequence[InputSpec], stude
         if shapes.get("") != teacher_shapes.get(""):
             raise ArchscanError(f"its output shapes {_shapes(shapes.get(''))} differ from the model's "
                                 f"{_shapes(teacher_shapes.get(''))}")
-        analysed = predicted(analyse(built, specs, dtype=dtype), profile)
+        analysed = predicted(analyse(built, specs, dtype=dtype, memory=False), profile)
     except Exception as exc:  # the recipe does not fit the model, or the student does not run
         return StudentResult(student, teacher, None, error=str(exc) if isinstance(exc, ArchscanError) else short(exc))
     totals = report_totals(analysed)
@@ -309,7 +310,8 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
     check_kwargs(target, kwargs)
     profile = _default_profile()
     with seeded_rng():
-        report = predicted(analyse(target, specs, kwargs=kwargs, dtype=dtype, rules=list(GUIDELINE_RULES)), profile)
+        report = predicted(analyse(target, specs, kwargs=kwargs, dtype=dtype, rules=list(GUIDELINE_RULES), memory=False),
+                           profile)
         view = Teacher(report)
         view.grouping = _grouping(target, specs, kwargs, dtype)
         students = candidates(report, view)

@@ -81,6 +81,8 @@ class MemoryTracker(TorchDispatchMode):
         self.scratch = scratch
         self.ops = 0
         self.serials = 0
+        self.log: list[tuple[bool, _Storage]] = []  # (made, storage) in order: True when made, False when freed
+        self._peak_at = 0                           # the log's length at the peak
         self._timeline: list[tuple[int, int, str]] = []  # (allocating op's index, live bytes, phase) after each change
         self._finalizers: list[weakref.finalize] = []
 
@@ -101,8 +103,10 @@ class MemoryTracker(TorchDispatchMode):
             return False
         nbytes = storage.nbytes()
         self.serials += 1
-        self.live[key] = _Storage(nbytes, category, phase, op, self.where, tuple(t.shape),
-                                  str(t.dtype).replace("torch.", ""), self.serials)
+        record = _Storage(nbytes, category, phase, op, self.where, tuple(t.shape), str(t.dtype).replace("torch.", ""),
+                          self.serials)
+        self.live[key] = record
+        self.log.append((True, record))
         self.bytes += nbytes
         self._finalizers.append(weakref.finalize(storage, self._free, key))
         return True
@@ -110,6 +114,7 @@ class MemoryTracker(TorchDispatchMode):
     def _free(self, key: int) -> None:
         gone = self.live.pop(key, None)
         if gone is not None:
+            self.log.append((False, gone))
             self.bytes -= gone.nbytes
             self._timeline.append((self.ops, self.bytes, self.phase))
 
@@ -140,7 +145,7 @@ class MemoryTracker(TorchDispatchMode):
     def _new_peak(self, op: str, extra: int) -> None:
         self.peak = Peak(self.bytes + extra, self.phase, op, self.where, extra,
                          self.locate() if self.locate is not None and self.phase == "forward" else None)
-        self._peak_live = list(self.live.items())  # categories are settled at the end (grads)
+        self._peak_at = len(self.log)  # what was live then is replayed from the log at the end
 
     def settle(self, grads: Iterable[torch.Tensor] = ()) -> Peak:
         """Close the books: storages that are (or were) a parameter's gradient count as grads;
@@ -148,15 +153,25 @@ class MemoryTracker(TorchDispatchMode):
         self.mark_grads(grads)
         peak = self.peak
         by_category = dict.fromkeys(CATEGORIES, 0)
-        live = getattr(self, "_peak_live", list(self.live.items()))
-        for _, s in live:
+        live = self.live_at(self._peak_at)
+        for s in live:
             by_category[s.category] += s.nbytes
         by_category["temporaries"] += peak.scratch
         peak.by_category = by_category
-        largest = sorted(live, key=lambda kv: -kv[1].nbytes)[:5]
+        largest = sorted(live, key=lambda s: -s.nbytes)[:5]
         peak.largest = [{"bytes": s.nbytes, "category": s.category, "shape": list(s.shape),
-                         "dtype": s.dtype, "phase": s.phase, "op": s.op, "where": s.where} for _, s in largest]
+                         "dtype": s.dtype, "phase": s.phase, "op": s.op, "where": s.where} for s in largest]
         return peak
+
+    def live_at(self, moment: int) -> list[_Storage]:
+        """The storages live after the first ``moment`` entries of the log."""
+        live: dict[int, _Storage] = {}
+        for made, record in self.log[:moment]:
+            if made:
+                live[record.serial] = record
+            else:
+                live.pop(record.serial, None)
+        return list(live.values())
 
     def mark_grads(self, grads: Iterable[torch.Tensor]) -> None:
         """Gradients live now (after backward): their storages count as grads, at every moment

@@ -78,12 +78,12 @@ class _StepRecorder(TorchDispatchMode):
         self.tracker = tracker
         self.rows: list[list] = []      # [phase, module, flops, mac_bytes, out storage keys]
         self.forward_of: dict[int, str] = {}  # autograd node sequence number -> module path of the op that made it
-        self.recompute = False          # inside a checkpointed region's recompute
+        self.uncounted: dict[str, dict[str, int]] = {p: {} for p in (*PHASES, "recompute")}  # ops with no formula
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.namespace == "prim":
+        if func.namespace in ("prim", "profiler"):  # metadata queries; record_function markers
             return out
         phase = self.tracker.phase
         module = self.tracker.where if isinstance(self.tracker.where, str) else ""
@@ -95,6 +95,8 @@ class _StepRecorder(TorchDispatchMode):
             if _in_forward_of_backward():  # checkpoint recomputes its forward inside backward
                 phase = "recompute"
         cost = cost_op(func, args, kwargs, out)
+        if not cost.counted:
+            self.uncounted[phase][cost.op] = self.uncounted[phase].get(cost.op, 0) + 1
         live = self.tracker.live  # the tracker below has registered the results already
         keys = [live[k].serial for k in (t.untyped_storage()._cdata for t in tensors_in(out)) if k in live]
         input_share = 1.0  # of a backward op's multiply-adds, the input gradient's (decided later for the rest)
@@ -135,7 +137,7 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
     hooks = module_hooks(model, tracker, claim)
     try:
         with global_hooks_set_aside(), fake_mode, quiet():
-            _step(model, call, optimizer, options, None, None)  # the optimizer's state exists after it
+            _warm(optimizer, params)  # the optimizer's state exists after it: the step below is a steady one
             tracker.register([*model.parameters(), *model.buffers()], "params")
             tracker.register(call.tensors(), "inputs")
             tracker.register([v for state in optimizer.state.values() for v in state.values()
@@ -155,6 +157,15 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
     tracker.close()
     return {"options": options.to_json(), **_costs(recorder, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
+
+
+def _warm(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+    """One optimizer step on zero gradients: it makes the state a first training step makes (a
+    forward and backward would only give the gradients other values)."""
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _freeze(model: nn.Module, prefixes: Sequence[str]) -> None:
@@ -245,4 +256,5 @@ def _costs(recorder: _StepRecorder, grad_keys: set[int]) -> dict:
             per[phase] += flops
     forward = phases["forward"]["flops"]
     return {"phases": phases, "backward": split, "modules": modules,
+            "uncounted": {phase: ops for phase, ops in recorder.uncounted.items() if ops},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}

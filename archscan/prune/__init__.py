@@ -274,7 +274,7 @@ def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=N
     """Totals of the cut model, counted by archscan's analysis of a meta-device copy."""
     try:
         report = predicted(analyse_model(pruned_target(target, cuts, model), specs,
-                                         kwargs=kwargs if model is None else None, dtype=dtype), profile)
+                                         kwargs=kwargs if model is None else None, dtype=dtype, memory=False), profile)
     except ArchscanError as exc:
         raise ArchscanError(f"the cut model does not run: {exc}",
                             hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from None
@@ -348,7 +348,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
                                     + "; ".join(f"group {g}: {why}" for g, why in list(refused.items())[:2]))
         else:
             predicted = predict(target, specs, cuts, kwargs, dtype, model=fake)
-        before_report = analyse_model(pruned_target(target, [], fake), specs, dtype=dtype)
+        before_report = analyse_model(pruned_target(target, [], fake), specs, dtype=dtype, memory=False)
         apply_cuts(model, cuts)
         call = make_call(specs, dtype)
         try:
@@ -357,7 +357,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
         except Exception as exc:
             raise CaptureError(f"the pruned model does not run{at(exc, target.source_file)}: {short(exc)}",
                                hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from exc
-        after = totals(analyse_model(model, specs, dtype=dtype, name=target.name))
+        after = totals(analyse_model(model, specs, dtype=dtype, name=target.name, memory=False))
         program = export(model, call, output, "the pruned model")
     sources = _sources(before_report)
     groups = tuple({**describe(g, sources), "kept": g.channels - len(c), "cut": len(c)} for g, c in cuts)
@@ -381,7 +381,7 @@ def group_table(target: ModelTarget, specs, kwargs=None, dtype=None, ratios: Seq
         kept_channels(MIN_CHANNELS, r)
     model = fake_model(target, specs, kwargs, dtype)
     grouping = analyse(target, specs, kwargs, dtype, model=model)
-    base = predicted(analyse_model(pruned_target(target, [], model), specs, dtype=dtype), profile)
+    base = predicted(analyse_model(pruned_target(target, [], model), specs, dtype=dtype, memory=False), profile)
     before, sources = totals(base), _sources(base)
     rows = []
     for g in grouping.groups:

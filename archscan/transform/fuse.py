@@ -116,6 +116,6 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
 
 def program_totals(program: torch.export.ExportedProgram, specs: Sequence[InputSpec]) -> dict:
     """Static totals of an exported program (archscan's own analysis of its graph)."""
-    report = analyse(ModelTarget("program", None, instance=program.module(), program=True), specs)
+    report = analyse(ModelTarget("program", None, instance=program.module(), program=True), specs, memory=False)
     return {**report_totals(report),
             "batch_norms": sum(1 for n in report.nodes if any("batch_norm" in op for op in n.aten_ops))}
