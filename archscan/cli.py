@@ -41,6 +41,7 @@ def scan_cmd(
     train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (sum of the outputs), backward, optimizer step; its costs and peak memory")] = False,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
     freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
+    memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
@@ -58,14 +59,15 @@ def scan_cmd(
                                               ("--sweep", sweep)) if given]
     if needs_measure and not measure:
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure (or --train for --amp)")
-    needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze)) if given]
+    needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze),
+                                            ("--memory-snapshot", memory_snapshot)) if given]
     if needs_train and not train:
         raise ArchscanError(f"{', '.join(needs_train)} only applies to a training step", hint="add --train")
     if train and measure and amp:
         raise ArchscanError("--amp with both --measure and --train is ambiguous", hint="measure and train in two runs")
 
     check_arguments(model, input, dtype)
-    _check_report_paths(report_path, markdown)
+    _check_report_paths(report_path, markdown, memory_snapshot)
     _analysis_process()
     from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
@@ -81,7 +83,7 @@ def scan_cmd(
     if train:
         from .memory.train import TrainOptions
 
-        training = TrainOptions.parse(optimizer, amp, freeze or ())
+        training = TrainOptions.parse(optimizer, amp, freeze or (), memory_snapshot)
         amp = None if not measure else amp
     options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads, sweep=sweep)
     where = check_options(options)[0] if device is not None or measure else None
@@ -390,9 +392,9 @@ def _batches(text: str | None) -> list[int]:
     return sizes
 
 
-def _check_report_paths(html_path: str | None, markdown_path: str | None) -> None:
+def _check_report_paths(html_path: str | None, markdown_path: str | None, snapshot_path: str | None = None) -> None:
     """Before any analysis: the report files can be written, and matplotlib is there for the HTML plots."""
-    for path, flag in ((html_path, "--report"), (markdown_path, "--markdown")):
+    for path, flag in ((html_path, "--report"), (markdown_path, "--markdown"), (snapshot_path, "--memory-snapshot")):
         if path is None:
             continue
         folder = os.path.dirname(os.path.abspath(path))

@@ -25,8 +25,9 @@ GUIDELINES = ("G1", "G2", "G3", "G4")
 # columns --sort takes, and whether larger is better (sorted first)
 SORT_KEYS = {"model": False, "params": False, "flops": False, "mac_bytes": False, "intensity": True,
              "predicted_ms": False, "latency_ms": False, "throughput": True, "flops_per_ms": True,
-             "elementwise_mac_share": False, "fragments": False, "nodes": False, "findings": False, "batch": False}
-RATIO_KEYS = ("params", "flops", "mac_bytes", "predicted_ms", "latency_ms", "throughput")
+             "elementwise_mac_share": False, "fragments": False, "nodes": False, "findings": False, "batch": False,
+             "peak_bytes": False}
+RATIO_KEYS = ("params", "flops", "mac_bytes", "predicted_ms", "latency_ms", "throughput", "peak_bytes")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ def row(report, job: Job) -> dict:
            "elementwise_mac_share": sum(elementwise_mac_bytes(n) for n in report.nodes) / t.mac_bytes if t.mac_bytes else 0.0,
            "fragments": sum(b["fragments"] for b in report.blocks if b["kind"] == "module"),
            "findings": _rule_counts(report)}
+    if report.memory:
+        out["peak_bytes"] = report.memory["peak_bytes"]  # the inference forward's peak (archscan.memory)
+    if report.training_step:
+        out["train_peak_bytes"] = report.training_step["memory"]["peak_bytes"]
     if latency.get("predicted_ms"):
         out["predicted_ms"] = latency["predicted_ms"]
     if latency.get("end_to_end_ms"):

@@ -252,3 +252,29 @@ def test_sdpa_cpu_backward_formula_by_hand():
         args = (torch.randn_like(out), q, k, v, out, lse, 0.0, False)
         flops = cost_op(op, args, {}, op(*args)).flops
     assert flops == 2 * 4 * 16 * 32 * (3 * 8 + 2 * 6)  # b*h*l*s*(3e + 2ev)
+
+
+def test_memory_snapshot_opens_in_torch_memory_viz(tmp_path, capsys):
+    """--memory-snapshot writes PyTorch's snapshot format: torch's own memory_viz renders it, and
+    replaying its alloc/free events gives the step's peak."""
+    import pickle
+
+    import torch.cuda._memory_viz as memory_viz
+
+    from archscan.cli import main
+
+    path = tmp_path / "step.pickle"
+    assert main(["zoo:mobilenet_v1_050", "--input", "2,3,32,32", "--train", "--memory-snapshot", str(path), "--json"]) == 0
+    peak_bytes = json.loads(capsys.readouterr().out)["training"]["memory"]["peak_bytes"]
+    data = pickle.loads(path.read_bytes())
+    assert "snapshot.pickle" in memory_viz.trace_plot(data)
+    live = peak = 0
+    sizes = {}
+    for event in data["device_traces"][0]:
+        if event["action"] == "alloc":
+            sizes[event["addr"]] = event["size"]
+            live += event["size"]
+        elif event["action"] == "free_completed":
+            live -= sizes.pop(event["addr"])
+        peak = max(peak, live)
+    assert peak == peak_bytes

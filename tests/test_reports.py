@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE = DeviceProfile(device="cpu", name="Test CPU", threads=2, peak_flops={"float32": 2e10}, bandwidth=1e10,
                         launch_overhead_ms=0.005, created="2026-11-22T00:00:00+00:00", torch_version="x")
 MODEL, INPUT = "zoo:shufflenet_v2_x0_5", "1,3,64,64"
-SINGLE = ["summary", "modules", "roofline", "latency", "findings", "recommendations", "blocks"]
+SINGLE = ["summary", "modules", "roofline", "latency", "memory", "findings", "recommendations", "blocks"]
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,10 @@ def pages() -> dict[str, tuple[str, str, int, list[str]]]:
         device="cpu", node_budget_ms=2, e2e_budget_ms=5, progress=False)).to_json()
     result = compare([MODEL, "zoo:mobilenet_v1_050", "missing.py:Net"], [INPUT], profile=PROFILE)
     data = result.to_json()
-    out = {"static": (report_html(static), report_markdown(static), 1, SINGLE, static),
-           "predicted": (report_html(predicted), report_markdown(predicted), 2, SINGLE, predicted),
-           "measured": (report_html(measured), report_markdown(measured), 2, SINGLE, measured),
+    # plots: the roofline, the latency bars where there is latency, the memory timeline
+    out = {"static": (report_html(static), report_markdown(static), 2, SINGLE, static),
+           "predicted": (report_html(predicted), report_markdown(predicted), 3, SINGLE, predicted),
+           "measured": (report_html(measured), report_markdown(measured), 3, SINGLE, measured),
            "compare": (compare_html(data, result.reports), compare_markdown(data, result.reports), 1,
                        ["summary", "table", "scatter", "model-1", "model-2", "model-3"], (data, result.reports))}
     return out

@@ -128,3 +128,21 @@ def summary(tracker: MemoryTracker, extra: dict | None = None) -> dict:
         "timeline": tracker.timeline(),
         **(extra or {}),
     }
+
+
+def snapshot(tracker: MemoryTracker) -> dict:
+    """The run as PyTorch's memory snapshot (the format of ``torch.cuda.memory._snapshot()``), which
+    https://pytorch.org/memory_viz and ``torch.cuda._memory_viz.trace_plot`` draw: every storage an
+    alloc event (what existed before the run first), freed by ``free_requested``/``free_completed``
+    events; a kernel's scratch is allocated and freed around its op. Addresses are the storages'
+    serial numbers (fake tensors have none); each event's frame names the op, its category, phase
+    and module."""
+    events = []
+    for made, s, _, _ in tracker.log:
+        frame = {"filename": place(s.where)["source"] or place(s.where)["module"] or "", "line": 0,
+                 "name": f"{s.op or 'existing'} [{s.category}, {s.phase}]"}
+        actions = ("alloc",) if made else ("free_requested", "free_completed")
+        for action in actions:
+            events.append({"action": action, "addr": s.serial, "size": s.nbytes, "stream": 0, "frames": [frame]})
+    return {"device_traces": [events],
+            "segments": [{"device": 0, "address": 0, "total_size": tracker.peak.bytes, "stream": 0, "blocks": []}]}

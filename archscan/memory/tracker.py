@@ -81,9 +81,9 @@ class MemoryTracker(TorchDispatchMode):
         self.scratch = scratch
         self.ops = 0
         self.serials = 0
-        self.log: list[tuple[bool, _Storage]] = []  # (made, storage) in order: True when made, False when freed
-        self._peak_at = 0                           # the log's length at the peak
-        self._timeline: list[tuple[int, int, str]] = []  # (allocating op's index, live bytes, phase) after each change
+        # (made, storage, allocating ops so far, phase) in order: made True when made, False when freed
+        self.log: list[tuple[bool, _Storage, int, str]] = []
+        self._peak_at = 0  # the log's length at the peak
         self._finalizers: list[weakref.finalize] = []
 
     # --- storages -------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class MemoryTracker(TorchDispatchMode):
         record = _Storage(nbytes, category, phase, op, self.where, tuple(t.shape), str(t.dtype).replace("torch.", ""),
                           self.serials)
         self.live[key] = record
-        self.log.append((True, record))
+        self.log.append((True, record, self.ops, phase))
         self.bytes += nbytes
         self._finalizers.append(weakref.finalize(storage, self._free, key))
         return True
@@ -114,9 +114,8 @@ class MemoryTracker(TorchDispatchMode):
     def _free(self, key: int) -> None:
         gone = self.live.pop(key, None)
         if gone is not None:
-            self.log.append((False, gone))
+            self.log.append((False, gone, self.ops, self.phase))
             self.bytes -= gone.nbytes
-            self._timeline.append((self.ops, self.bytes, self.phase))
 
     def storage_keys(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         return {t.untyped_storage()._cdata for t in tensors}
@@ -137,10 +136,19 @@ class MemoryTracker(TorchDispatchMode):
         extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0
         if any(new) or extra:  # the timeline's steps are the ops that allocate (others change nothing)
             self.ops += 1
-            self._timeline.append((self.ops, self.bytes + extra, self.phase))
+        scratch = self._scratch(extra, func) if extra else None  # made and freed inside the kernel
         if self.bytes + extra > self.peak.bytes:
             self._new_peak(str(func.overloadpacket.__name__), extra)
+        if scratch is not None:
+            self.log.append((False, scratch, self.ops, self.phase))
         return out
+
+    def _scratch(self, nbytes: int, func) -> _Storage:
+        self.serials += 1
+        record = _Storage(nbytes, "temporaries", self.phase, f"{func.overloadpacket.__name__} (kernel scratch)",
+                          self.where, (), "", self.serials)
+        self.log.append((True, record, self.ops, self.phase))
+        return record
 
     def _new_peak(self, op: str, extra: int) -> None:
         self.peak = Peak(self.bytes + extra, self.phase, op, self.where, extra,
@@ -154,9 +162,8 @@ class MemoryTracker(TorchDispatchMode):
         peak = self.peak
         by_category = dict.fromkeys(CATEGORIES, 0)
         live = self.live_at(self._peak_at)
-        for s in live:
+        for s in live:  # a kernel's scratch at the peak is in the log as a temporary
             by_category[s.category] += s.nbytes
-        by_category["temporaries"] += peak.scratch
         peak.by_category = by_category
         largest = sorted(live, key=lambda s: -s.nbytes)[:5]
         peak.largest = [{"bytes": s.nbytes, "category": s.category, "shape": list(s.shape),
@@ -166,7 +173,7 @@ class MemoryTracker(TorchDispatchMode):
     def live_at(self, moment: int) -> list[_Storage]:
         """The storages live after the first ``moment`` entries of the log."""
         live: dict[int, _Storage] = {}
-        for made, record in self.log[:moment]:
+        for made, record, _, _ in self.log[:moment]:
             if made:
                 live[record.serial] = record
             else:
@@ -182,16 +189,23 @@ class MemoryTracker(TorchDispatchMode):
                 self.live[key].category = "grads"
 
     def timeline(self, points: int = TIMELINE_POINTS) -> list[dict]:
-        """Live bytes over the run, at most ``points`` entries: each keeps the highest moment of its
-        stretch of ops (so the peak is always in it)."""
-        rows = self._timeline
-        if not rows:
-            return []
-        step = max(1, -(-len(rows) // points))
+        """Live bytes over the run, by category (as settled: a gradient counts as one from the
+        moment it is made), replayed from the log; at most ``points`` entries, each the highest
+        moment of its stretch of the log (so the peak is always in it). ``op`` counts the ops that
+        allocated so far."""
+        moments, live, by_category = [], 0, dict.fromkeys(CATEGORIES, 0)
+        for made, record, ops, phase in self.log:
+            sign = 1 if made else -1
+            live += sign * record.nbytes
+            by_category[record.category] += sign * record.nbytes
+            if phase != "before":
+                moments.append((live, ops, phase, dict(by_category)))
+        step = max(1, -(-len(moments) // points))
         out = []
-        for i in range(0, len(rows), step):
-            op, live, phase = max(rows[i:i + step], key=lambda r: r[1])
-            out.append({"op": op, "bytes": live, "phase": phase})
+        for i in range(0, len(moments), step):
+            live, ops, phase, categories = max(moments[i:i + step], key=lambda m: m[0])
+            out.append({"op": ops, "bytes": live, "phase": phase,
+                        "by_category": {k: v for k, v in categories.items() if v}})
         return out
 
     def close(self) -> None:

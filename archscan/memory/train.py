@@ -18,6 +18,7 @@ The step's memory is ``archscan.memory.MemoryTracker``'s, with ``zero_grad(set_t
 from __future__ import annotations
 
 import contextlib
+import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,7 +33,7 @@ from ..errors import ArchscanError, CaptureError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
 from ..recording import output_tensors, quiet
-from . import model_line, module_hooks, summary
+from . import model_line, module_hooks, snapshot, summary
 from .tracker import MemoryTracker
 
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -51,9 +52,11 @@ class TrainOptions:
     impl: str | None = None
     amp: str | None = None
     freeze: tuple[str, ...] = ()
+    snapshot: str | None = None  # where to write the step as a PyTorch memory snapshot (archscan.memory.snapshot)
 
     @classmethod
-    def parse(cls, optimizer: str | None = None, amp: str | None = None, freeze: Sequence[str] = ()) -> "TrainOptions":
+    def parse(cls, optimizer: str | None = None, amp: str | None = None, freeze: Sequence[str] = (),
+              snapshot: str | None = None) -> "TrainOptions":
         """From the command line's words: ``--optimizer NAME[:IMPL]``, ``--amp``, ``--freeze`` (checked)."""
         name, _, impl = (optimizer or "adamw").partition(":")
         if name not in OPTIMIZERS:
@@ -62,10 +65,11 @@ class TrainOptions:
             raise ArchscanError(f"unknown optimizer implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
         if amp is not None and amp not in AMP:
             raise ArchscanError(f"unknown --amp {amp!r}", hint=f"use one of: {', '.join(AMP)}")
-        return cls(name, impl or None, amp, tuple(freeze))
+        return cls(name, impl or None, amp, tuple(freeze), snapshot)
 
     def to_json(self) -> dict:
         return {"optimizer": self.optimizer, "impl": self.impl or "default", "amp": self.amp, "freeze": list(self.freeze),
+                **({"snapshot": self.snapshot} if self.snapshot else {}),
                 "loss": "sum of every floating-point output that requires grad", "zero_grad": "set_to_none=True"}
 
 
@@ -155,6 +159,8 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
             h.remove()
     tracker.settle(grads)
     tracker.close()
+    if options.snapshot:
+        _write_snapshot(snapshot(tracker), options.snapshot)
     return {"options": options.to_json(), **_costs(recorder, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
 
@@ -258,3 +264,11 @@ def _costs(recorder: _StepRecorder, grad_keys: set[int]) -> dict:
     return {"phases": phases, "backward": split, "modules": modules,
             "uncounted": {phase: ops for phase, ops in recorder.uncounted.items() if ops},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
+
+
+def _write_snapshot(data: dict, path: str) -> None:
+    try:
+        with open(path, "wb") as fh:
+            pickle.dump(data, fh)
+    except OSError as exc:
+        raise ArchscanError(f"cannot write --memory-snapshot {path}: {exc.strerror or exc}") from None

@@ -21,7 +21,8 @@ def compare_text(comparison: dict, width: int = 100) -> str:
     """The table, then each failed model's error and each model's top recommendation."""
     rows = comparison["rows"]
     predicted, timed, time_key = time_columns(rows)
-    headers = ["model", "params", "FLOPs", "MAC", "FLOPs/B"]
+    memory = any("peak_bytes" in r for r in rows)
+    headers = ["model", "params", "FLOPs", "MAC", "FLOPs/B"] + (["peak mem"] if memory else [])
     headers += ["pred ms"] if predicted else []
     headers += ["ms", "per s"] if timed else []
     headers += ["FLOPs/ms"] if timed or predicted else []
@@ -34,6 +35,7 @@ def compare_text(comparison: dict, width: int = 100) -> str:
             continue
         cells = [r["model"], fmt_count(r["params"]), fmt_count(r["flops"]), fmt_bytes(r["mac_bytes"]),
                  f"{r['intensity']:.1f}"]
+        cells += [fmt_bytes(r["peak_bytes"]) if "peak_bytes" in r else "-"] if memory else []
         cells += [_ms(r.get("predicted_ms"))] if predicted else []
         cells += [_ms(r.get("latency_ms")), _ms(r.get("throughput"))] if timed else []
         cells += [fmt_count(r.get("flops_per_ms"))] if timed or predicted else []

@@ -48,11 +48,29 @@ def report_html(report: dict) -> str:
         ("modules", "Modules", _modules(report)),
         ("roofline", "Roofline", _plot(plots.roofline_svg(report), _roofline_note(report))),
         ("latency", "Latency", _latency(report)),
+        ("memory", "Memory", _memory(report)),
         ("findings", f"Findings ({len(report['findings'])})", _findings(report)),
         ("recommendations", f"Recommendations ({len(report['recommendations'])})", _recommendations(report)),
         ("blocks", "Blocks (G3)", _blocks(report)),
     ]
     return _page(f"archscan: {report['model']}", _subtitle(report), sections)
+
+
+def _memory(report: dict) -> str:
+    """The inference forward's live bytes and, with --train, the training step's."""
+    parts = []
+    for memory, title in ((report.get("memory"), "Inference forward"),
+                          ((report.get("training") or {}).get("memory"), "Training step")):
+        if not memory:
+            continue
+        where = memory["peak_at"]
+        place = escape(where.get("module") or where.get("node") or "(model)")
+        source = f" at {escape(where['source'])}" if where.get("source") else ""
+        note = (f"{title}: peak {fmt_bytes(memory['peak_bytes'])} in the {escape(where['phase'])}, "
+                f"{escape(where['op'])} of {place}{source}; at the peak "
+                + ", ".join(f"{fmt_bytes(v)} {escape(k.replace('_', ' '))}" for k, v in memory["at_peak"].items() if v))
+        parts.append(_plot(plots.memory_svg(memory, title), note))
+    return "\n".join(parts) or "<p>No memory figure: the capture ran the model for real.</p>"
 
 
 def compare_html(comparison: dict, reports: list[dict]) -> str:

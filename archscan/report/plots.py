@@ -141,6 +141,41 @@ def latency_svg(report: dict, limit: int = 16) -> str | None:
     return _styled(build)
 
 
+MEMORY_COLOURS = {"params": "#1f77b4", "grads": "#ff7f0e", "optimizer_state": "#2ca02c", "activations": "#d62728",
+                  "temporaries": "#9467bd", "inputs": "#8c564b"}
+
+
+def memory_svg(memory: dict | None, title: str) -> str | None:
+    """Live bytes over a run (``memory.timeline``), stacked by category, the peak marked; None
+    without a timeline."""
+    rows = (memory or {}).get("timeline") or []
+    if not rows:
+        return None
+    categories = [c for c in MEMORY_COLOURS if any(r["by_category"].get(c) for r in rows)]
+
+    def build():
+        fig = _figure(7.5, 2.8)
+        ax = fig.add_subplot()
+        xs = list(range(len(rows)))
+        scale = 2 ** 20
+        ax.stackplot(xs, [[r["by_category"].get(c, 0) / scale for r in rows] for c in categories],
+                     labels=[c.replace("_", " ") for c in categories],
+                     colors=[MEMORY_COLOURS[c] for c in categories], linewidth=0)
+        ax.axhline(memory["peak_bytes"] / scale, color="#333333", linewidth=0.8, linestyle="--")
+        for i in range(1, len(rows)):  # where a phase starts
+            if rows[i]["phase"] != rows[i - 1]["phase"]:
+                ax.axvline(i, color="#777777", linewidth=0.6)
+                ax.text(i, memory["peak_bytes"] / scale, f" {rows[i]['phase']}", fontsize=7, va="top")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("ops that allocate (in order)")
+        ax.set_ylabel("MiB live")
+        ax.set_xticks([])
+        ax.legend(fontsize=7, loc="upper left", frameon=False, ncols=3)
+        return fig
+
+    return _styled(build)
+
+
 def compare_svg(comparison: dict) -> str | None:
     """One point per model: FLOPs against measured latency (else predicted, else MAC), labelled.
     Equal FLOPs at different heights is the ShuffleNetV2 paper's point."""
