@@ -278,3 +278,12 @@ def test_memory_snapshot_opens_in_torch_memory_viz(tmp_path, capsys):
             live -= sizes.pop(event["addr"])
         peak = max(peak, live)
     assert peak == peak_bytes
+
+
+def test_saved_for_backward_by_module():
+    """Linear -> ReLU -> Linear: only the ReLU's output is kept for the backward (its own backward
+    and the second linear's weight gradient read it); the first linear's output is not (ReLU saves
+    its result), nor the model's output (released before the backward)."""
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((32, 64))], TrainOptions("sgd"))
+    assert got["saved_for_backward"] == {"1": 32 * 128 * 4}

@@ -25,7 +25,6 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..building import build_fake, global_hooks_set_aside, make_call, strip_user_hooks
 from ..costs import cost_op, tensors_in
@@ -73,43 +72,47 @@ class TrainOptions:
                 "loss": "sum of every floating-point output that requires grad", "zero_grad": "set_to_none=True"}
 
 
-class _StepRecorder(TorchDispatchMode):
-    """Costs every op of the step into its phase and module (one record per op, the module the
-    forward op ran in, or the forward op a backward op answers)."""
+class _StepTracker(MemoryTracker):
+    """The memory tracker that also costs every op of the step into its phase and module: the
+    module a forward op ran in, or the module of the forward op a backward op answers (one mode,
+    not two stacked: each mode a fake op passes through costs time on a 70B step)."""
 
-    def __init__(self, tracker: MemoryTracker):
-        super().__init__()
-        self.tracker = tracker
-        self.rows: list[list] = []      # [phase, module, flops, mac_bytes, out storage keys]
+    def __init__(self):
+        super().__init__(locate=model_line)
+        self.rows: list[tuple] = []  # (phase, module, flops, mac_bytes, serials of the results, input share)
         self.forward_of: dict[int, str] = {}  # autograd node sequence number -> module path of the op that made it
         self.uncounted: dict[str, dict[str, int]] = {p: {} for p in (*PHASES, "recompute")}  # ops with no formula
+        self.saved: dict[str, int] = {}  # module path -> bytes it keeps for the backward
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         if func.namespace in ("prim", "profiler"):  # metadata queries; record_function markers
-            return out
-        phase = self.tracker.phase
-        module = self.tracker.where if isinstance(self.tracker.where, str) else ""
+            return func(*args, **kwargs)
+        phase = self.phase
         if phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
-                module = self.forward_of.get(node._sequence_nr(), "")
-                self.tracker.where = module
+                self.where = self.forward_of.get(node._sequence_nr(), "")
             if _in_forward_of_backward():  # checkpoint recomputes its forward inside backward
-                phase = "recompute"
+                self.phase = "recompute"
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self.phase = phase
+        phase = "recompute" if phase == "backward" and _in_forward_of_backward() else phase
         cost = cost_op(func, args, kwargs, out)
         if not cost.counted:
             self.uncounted[phase][cost.op] = self.uncounted[phase].get(cost.op, 0) + 1
-        live = self.tracker.live  # the tracker below has registered the results already
-        keys = [live[k].serial for k in (t.untyped_storage()._cdata for t in tensors_in(out)) if k in live]
+        live = self.live
+        serials = [live[k].serial for k in (t.untyped_storage()._cdata for t in tensors_in(out)) if k in live]
         input_share = 1.0  # of a backward op's multiply-adds, the input gradient's (decided later for the rest)
         if func.overloadpacket is torch.ops.aten.convolution_backward:
             mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
             input_share = bool(mask[0]) / max(int(bool(mask[0])) + int(bool(mask[1])), 1)
         elif phase == "backward":
             input_share = None
-        self.rows.append((phase, module, cost.flops, cost.mac_bytes, keys, input_share))
+        module = self.where if isinstance(self.where, str) else ""
+        self.rows.append((phase, module, cost.flops, cost.mac_bytes, serials, input_share))
         return out
 
 
@@ -132,11 +135,10 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
                             hint="a training step needs a parameter that requires grad")
     call = make_call(specs, dtype, fake_mode)
     optimizer = _optimizer(params, options)
-    tracker = MemoryTracker(locate=model_line)
-    recorder = _StepRecorder(tracker)
+    tracker = _StepTracker()
     def claim(path: str, output: Any) -> None:
         if tracker.phase == "forward" and torch.is_grad_enabled():
-            _claim(recorder.forward_of, output, path)
+            _claim(tracker.forward_of, output, path)
 
     hooks = module_hooks(model, tracker, claim)
     try:
@@ -147,8 +149,8 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
             tracker.register([v for state in optimizer.state.values() for v in state.values()
                               if isinstance(v, torch.Tensor)], "optimizer_state")
             tracker.peak.bytes = tracker.bytes
-            with tracker, recorder:
-                grads = _step(model, call, optimizer, options, tracker, recorder)
+            with tracker:
+                grads = _step(model, call, optimizer, options, tracker)
     except ArchscanError:
         raise
     except Exception as exc:
@@ -161,16 +163,24 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
     tracker.close()
     if options.snapshot:
         _write_snapshot(snapshot(tracker), options.snapshot)
-    return {"options": options.to_json(), **_costs(recorder, grad_keys=tracker.serials_of(grads)),
+    return {"options": options.to_json(), **_costs(tracker, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
 
 
 def _warm(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
     """One optimizer step on zero gradients: it makes the state a first training step makes (a
-    forward and backward would only give the gradients other values)."""
+    forward and backward would only give the gradients other values). The step is taken by the
+    same optimizer's foreach implementation, whose state is the same tensors (one op per kind of
+    update instead of one per parameter: 723 parameters of a 70B model), and its state handed over."""
     for p in params:
         p.grad = torch.zeros_like(p)
-    optimizer.step()
+    try:
+        warm = type(optimizer)(params, **{**optimizer.defaults, "foreach": True, "fused": None})
+    except (TypeError, ValueError, RuntimeError):
+        warm = optimizer
+    warm.step()
+    if warm is not optimizer:
+        optimizer.state.update(warm.state)
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -207,12 +217,11 @@ def _claim(forward_of: dict[int, str], output: Any, path: str) -> None:
         stack.extend(n for n, _ in node.next_functions if n is not None)
 
 
-def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker | None, recorder) -> list:
+def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker) -> list:
     """forward, loss, backward, optimizer step, zero_grad(set_to_none=True); the gradients it made."""
     def phase(name: str) -> None:
-        if tracker is not None:
-            tracker.phase = name
-            tracker.where = ""
+        tracker.phase = name
+        tracker.where = ""
 
     phase("forward")
     amp = torch.autocast("cpu", dtype=AMP[options.amp]) if options.amp else contextlib.nullcontext()
@@ -226,25 +235,38 @@ def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker 
     for t in outs[1:]:
         loss = loss + t.sum()
     del output, outs
+    tracker.saved = _saved_by_module(tracker, loss)
     phase("backward")
     loss.backward()
     del loss
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if tracker is not None:
-        tracker.mark_grads(grads)
+    tracker.mark_grads(grads)
     phase("optimizer")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grads
 
 
-def _costs(recorder: _StepRecorder, grad_keys: set[int]) -> dict:
+def _saved_by_module(tracker: MemoryTracker, loss: torch.Tensor) -> dict[str, int]:
+    """Bytes each module keeps for the backward: what its forward made that is still live when the
+    backward starts (the autograd graph holds it; the outputs are released by then, the loss is not
+    counted)."""
+    saved: dict[str, int] = {}
+    loss_key = loss.untyped_storage()._cdata
+    for key, record in tracker.live.items():
+        if record.phase == "forward" and key != loss_key:
+            module = record.where if isinstance(record.where, str) else ""
+            saved[module] = saved.get(module, 0) + record.nbytes
+    return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
+
+
+def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
     """Per phase and per module: multiply-adds and bytes, backward split into input and weight
     gradients, and the backward/forward ratio."""
     phases = {p: {"flops": 0, "mac_bytes": 0, "ops": 0} for p in (*PHASES, "recompute")}
     split = {"input_grad_flops": 0, "weight_grad_flops": 0}
     modules: dict[str, dict] = {}
-    for phase, module, flops, mac, keys, input_share in recorder.rows:
+    for phase, module, flops, mac, keys, input_share in tracker.rows:
         row = phases[phase]
         row["flops"] += flops
         row["mac_bytes"] += mac
@@ -261,8 +283,8 @@ def _costs(recorder: _StepRecorder, grad_keys: set[int]) -> dict:
         else:
             per[phase] += flops
     forward = phases["forward"]["flops"]
-    return {"phases": phases, "backward": split, "modules": modules,
-            "uncounted": {phase: ops for phase, ops in recorder.uncounted.items() if ops},
+    return {"phases": phases, "backward": split, "modules": modules, "saved_for_backward": tracker.saved,
+            "uncounted": {phase: ops for phase, ops in tracker.uncounted.items() if ops},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
 
 

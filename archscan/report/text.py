@@ -166,6 +166,9 @@ def memory_lines(report: Report) -> list[str]:
                         for name, p in phases.items() if p["ops"])
             + (f"; backward/forward {ratio:.2f} (input gradients {fmt_count(step['backward']['input_grad_flops'])}, "
                f"weight gradients {fmt_count(step['backward']['weight_grad_flops'])})" if ratio is not None else ""))
+        saved = list(step.get("saved_for_backward", {}).items())[:3]
+        if saved:
+            lines.append("saved      for backward, most by: " + ", ".join(f"{m or '(model)'} {fmt_bytes(b)}" for m, b in saved))
     return lines
 
 
