@@ -19,7 +19,7 @@ from .capture import seeded_rng
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
 from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
-from .memory.train import TrainOptions, train_step
+from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
 from .results import Report
@@ -63,6 +63,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     check_kwargs(target, kwargs)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     train = TrainOptions() if train is True else train or None
+    if train is not None:
+        check_trainable(target)
     try:
         with seeded_rng():
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend)

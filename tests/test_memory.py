@@ -287,3 +287,15 @@ def test_saved_for_backward_by_module():
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     got = train_step(ModelTarget("m", None, instance=model), [InputSpec((32, 64))], TrainOptions("sgd"))
     assert got["saved_for_backward"] == {"1": 32 * 128 * 4}
+
+
+def test_train_refuses_an_exported_program_before_any_analysis(tmp_path, capsys, monkeypatch):
+    from archscan import analysis
+    from archscan.cli import main
+
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(nn.Linear(4, 2), (torch.randn(1, 4),)), str(path))
+    monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed before refusing"))
+    assert main([str(path), "--input", "1,4", "--train"]) == 2
+    err = capsys.readouterr().err
+    assert "exported program" in err and "traced for inference" in err and err.count("\n") == 1

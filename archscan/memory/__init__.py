@@ -1,8 +1,11 @@
 """Memory: the bytes live over a run by tensor lifetime, their peak and what holds them then.
 
-``MemoryTracker`` (``tracker.py``) follows storages on fake tensors; ``MemoryObserver`` rides the
-capture's own run (an ``archscan.capture.Observer``), so every scan reports its inference
-forward's peak without a run of its own; ``archscan.memory.train`` analyses a whole training step.
+``MemoryTracker`` (``tracker.py``) follows storages on fake tensors. Every scan reports its
+inference forward's peak from the model's own forward, run once more on the capture's model
+(``forward_memory``); where that cannot run, ``MemoryObserver``, which rides the capture's direct
+run (an ``archscan.capture.Observer``), gives the captured graph's figure.
+``archscan.memory.train`` analyses a whole training step; ``snapshot`` writes a run in PyTorch's
+memory snapshot format.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..loading import InputSpec
 from ..recording import module_stack, python_stack, quiet, source_of
 from .tracker import CATEGORIES, MemoryTracker, Peak
 
-__all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "summary"]
+__all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "snapshot", "summary"]
 
 
 class MemoryObserver:

@@ -5,17 +5,18 @@ returns and stop being live when nothing holds the storage any more (a ``weakref
 the storage fires: the last view, the autograd graph's saved tensor, the optimizer's state and
 the Python variable are all gone). Views and in-place ops make no new storage. That is what the
 allocator must hold, so the peak is comparable with the CPU allocator's events under
-``torch.profiler.profile(profile_memory=True)`` (tests/test_memory.py) and with
-``torch.cuda.max_memory_allocated`` (less its 512-byte rounding).
+``torch.profiler.profile(profile_memory=True)`` (tests/test_memory.py). The CUDA caching
+allocator rounds each block up (to 512 bytes), which ``torch.cuda.max_memory_allocated`` counts
+and this does not.
 
 Kernels that allocate scratch inside themselves (oneDNN's reorders on the CPU) are invisible at
 the dispatcher: ``archscan.memory.scratch`` models them per op, as a transient spike on top of
 the bytes live when the op returns.
 
 Every byte live at a moment belongs to one category (``CATEGORIES``): ``params`` and ``inputs``
-(and ``optimizer_state``) are registered before the run, ``grads`` are the storages that end the
-run as a parameter's ``.grad``, ``activations`` are made in the forward and ``temporaries``
-everywhere else.
+(and ``optimizer_state``) are registered before the run, ``grads`` are the storages that are a
+parameter's ``.grad`` after the backward (from the moment they were made), ``activations`` are
+made in the forward and ``temporaries`` everywhere else, a kernel's scratch among them.
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """One training step on fake tensors: forward, a stand-in loss, backward, optimizer step.
 
 The model runs as written (autocast with ``--amp``, ``torch.utils.checkpoint`` in forward,
-parameters frozen in the model or with ``--freeze``) with the optimizer asked for, twice: the
-first step makes the optimizer's state, the second is the steady state, analysed. Nothing is
-allocated and nothing computed: every tensor is fake.
+parameters frozen in the model or with ``--freeze``) with the optimizer asked for. The optimizer
+first steps once on zero gradients, which makes its state; the step analysed is then a steady
+one. Nothing is allocated and nothing computed: every tensor is fake.
 
 The loss is the sum of every floating-point output that requires grad (``sum(t.sum())``): its
 backward reaches every parameter a real loss would, and costs what a real loss's backward costs
 beyond the loss itself.
 
-Costs per phase (forward, backward, optimizer) are archscan's per-op formulas (the registry of
-``archscan.costs``); a backward op whose result becomes a parameter's gradient is weight-gradient
-work, any other input-gradient work, and a convolution's backward is split by its output mask.
+Costs per phase (forward, backward, the recompute of checkpointed regions, optimizer) are
+archscan's per-op formulas (the registry of ``archscan.costs``); a backward op whose result
+becomes a parameter's gradient is weight-gradient work, any other input-gradient work, and a
+convolution's backward is split by its output mask.
 The step's memory is ``archscan.memory.MemoryTracker``'s, with ``zero_grad(set_to_none=True)``.
 """
 
@@ -125,6 +126,7 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
                dtype: torch.dtype | None = None) -> dict:
     """Analyse one steady-state training step (see the module docstring): the JSON ``training``
     section, with the step's ``memory``."""
+    check_trainable(target)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = build_fake(target, kwargs or {}, dtype, fake_mode, specs).train()
     strip_user_hooks(model)  # the analysis is of forward itself (archscan.capture)
@@ -165,6 +167,13 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
         _write_snapshot(snapshot(tracker), options.snapshot)
     return {"options": options.to_json(), **_costs(tracker, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
+
+
+def check_trainable(target: ModelTarget) -> None:
+    """Before any analysis: a training step needs the model's own modules."""
+    if target.program:
+        raise ArchscanError(f"{target.name} is an exported program: its graph was traced for inference, not training",
+                            hint="point --train at the model's source: file.py:Net, package.module:factory or zoo:name")
 
 
 def _warm(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
