@@ -53,6 +53,8 @@ STEPS = {
                   "adamw", None, None, ()),
     "layernorm-gelu-adamw": (lambda: nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 10)),
                              [InputSpec((32, 64))], "adamw", None, None, ()),
+    "layernorm-gelu-sgd": (lambda: nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 10)),
+                           [InputSpec((32, 64))], "sgd", None, None, ()),  # mm copies the broadcast gradient of the sum
     "cnn-foreach": (small_cnn, [InputSpec((4, 3, 32, 32))], "adamw", "foreach", None, ()),
     "depthwise-sgd-momentum": (lambda: small_cnn(32), [InputSpec((4, 3, 32, 32))], "sgd-momentum", None, None, ()),
     "grouped-fused-adam": (lambda: small_cnn(4), [InputSpec((4, 3, 32, 32))], "adam", "fused", None, ()),

@@ -112,3 +112,24 @@ def layer_norm_backward_scratch(grad_out, x, normalized_shape, mean, rstd, weigh
     if x.device.type != "cpu" or not (output_mask[1] or output_mask[2]):
         return 0
     return 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4
+
+
+def _blas_ready(t) -> bool:
+    """Can BLAS read the matrix as it is: row- or column-major, no broadcast (stride-0) dim?"""
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        return True
+    *_, rows, cols = t.stride()
+    size_r, size_c = t.shape[-2:]
+    return 0 not in t.stride() and ((cols == 1 and rows >= max(size_c, 1)) or (rows == 1 and cols >= max(size_r, 1)))
+
+
+@register_scratch(aten.mm, aten.bmm)
+def matmul_scratch(a, b, *, out):
+    """The CPU kernel copies an operand BLAS cannot read as it is (a broadcast one, such as the
+    gradient of a sum, ``ones.expand(n, m)``) to a contiguous matrix first."""
+    return sum(_nbytes(t) for t in (a, b) if t.device.type == "cpu" and not _blas_ready(t))
+
+
+@register_scratch(aten.addmm, aten.baddbmm)
+def addmm_scratch(bias, a, b, *, out, **kwargs):
+    return matmul_scratch(a, b, out=out)
