@@ -40,8 +40,8 @@ from .errors import ArchscanError, CaptureError, DeviceError
 from .frames import at, short
 from .graphmodule import graph_module
 from .loading import InputSpec, ModelTarget
-from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, output_tensors, python_stack,
-                        quiet, shape_str, source_of)
+from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values, output_tensors,
+                        python_stack, quiet, shape_str, source_of)
 
 __all__ = ["Captured", "NodeCosts", "Observer", "capture", "capture_context", "module_stack", "source_of", "trace_export", "trace_fx"]
 
@@ -450,21 +450,6 @@ def _was_training(target: ModelTarget) -> bool:
     """Was the module handed over in train mode? (An exported program's module always says it is:
     its graph was traced in the mode the model had then.)"""
     return target.instance is not None and not target.program and any(m.training for m in target.instance.modules())
-
-
-_DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",
-                   "UnsupportedOperatorException", "DataDependentOutputError")
-_NEEDS_VALUES_TEXT = ("not supported for tensor subclasses", "Cannot access data pointer", "Cannot access storage")
-
-
-def needs_values(exc: BaseException | None) -> bool:
-    """Did a fake-tensor run fail because it needed real tensor values (``.item()``, a
-    tensor-valued ``if``, ``nonzero``, ``.numpy()``, an op without a fake kernel)?"""
-    while exc is not None:
-        if type(exc).__name__ in _DATA_DEPENDENT or any(t in str(exc) for t in _NEEDS_VALUES_TEXT):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:

@@ -197,3 +197,18 @@ def python_stack() -> str:
     if frame is None:
         return ""
     return f'  File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name}'
+
+
+_DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode",
+                   "UnsupportedOperatorException", "DataDependentOutputError")
+_NEEDS_VALUES_TEXT = ("not supported for tensor subclasses", "Cannot access data pointer", "Cannot access storage")
+
+
+def needs_values(exc: BaseException | None) -> bool:
+    """Did a fake-tensor run fail because it needed real tensor values (``.item()``, a
+    tensor-valued ``if``, ``nonzero``, ``.numpy()``, an op without a fake kernel)?"""
+    while exc is not None:
+        if type(exc).__name__ in _DATA_DEPENDENT or any(t in str(exc) for t in _NEEDS_VALUES_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -301,3 +301,25 @@ def test_train_refuses_an_exported_program_before_any_analysis(tmp_path, capsys,
     assert main([str(path), "--input", "1,4", "--train"]) == 2
     err = capsys.readouterr().err
     assert "exported program" in err and "traced for inference" in err and err.count("\n") == 1
+
+
+class ValueBranch(nn.Module):
+    """Its forward reads a value (``.item()``): fake tensors cannot run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(h.relu() if h.sum().item() > 0 else h)
+
+
+def test_a_step_that_needs_values_runs_for_real():
+    """The step falls back to a real run on seeded inputs, said in ``basis``; its peak is still the
+    allocator's."""
+    torch.manual_seed(0)
+    want = step_peak(ValueBranch(), [torch.randn(8, 16)], "adamw")
+    got = archscan.scan(ModelTarget("vb", ValueBranch), [(8, 16)], train=True, recommend=False, rules=[]).training_step
+    assert got["basis"].startswith("a real run on seeded random inputs")
+    assert abs(got["memory"]["peak_bytes"] - want) <= 0.01 * want

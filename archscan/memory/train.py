@@ -19,6 +19,7 @@ The step's memory is ``archscan.memory.MemoryTracker``'s, with ``zero_grad(set_t
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -27,12 +28,13 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..building import build_fake, global_hooks_set_aside, make_call, strip_user_hooks
+from ..building import build_fake, build_real, global_hooks_set_aside, make_call, strip_user_hooks
 from ..costs import cost_op, tensors_in
-from ..errors import ArchscanError, CaptureError
+from ..devices import available_bytes
+from ..errors import ArchscanError, CaptureError, DeviceError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
-from ..recording import output_tensors, quiet
+from ..recording import needs_values, output_tensors, quiet
 from . import model_line, module_hooks, snapshot, summary
 from .tracker import MemoryTracker
 
@@ -125,26 +127,51 @@ def _in_forward_of_backward() -> bool:
 def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOptions, kwargs: dict | None = None,
                dtype: torch.dtype | None = None) -> dict:
     """Analyse one steady-state training step (see the module docstring): the JSON ``training``
-    section, with the step's ``memory``."""
+    section, with the step's ``memory``. A step that needs tensor values (``.item()`` in forward, a
+    value-dependent branch) runs for real instead, on seeded random inputs and weights, after a
+    check that it fits in the memory that is free; ``basis`` says which."""
     check_trainable(target)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = build_fake(target, kwargs or {}, dtype, fake_mode, specs).train()
+    model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+    try:
+        tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
+                                        "on fake tensors")
+        basis = "fake tensors"
+    except CaptureError as exc:
+        if not needs_values(exc.__cause__):
+            raise
+        _check_real_step_fits(model, specs, exc)
+        real = build_real(target, kwargs or {}, dtype, specs)
+        tracker, grads = _analysed_step(real, make_call(specs, dtype), options, contextlib.nullcontext(), target,
+                                        "for real")
+        basis = f"a real run on seeded random inputs ({short(exc.__cause__)} on fake tensors)"
+    if options.snapshot:
+        _write_snapshot(snapshot(tracker), options.snapshot)
+    return {"options": options.to_json(), "basis": basis, **_costs(tracker, grad_keys=tracker.serials_of(grads)),
+            "memory": summary(tracker)}
+
+
+def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: ModelTarget, how: str) -> tuple:
+    """The tracked steady-state step of ``model`` under ``base`` (a fake mode, or nothing for a real
+    run, ``how`` says which): the settled tracker and the gradients. Raises ``CaptureError`` (its
+    cause the model's exception) when the step fails."""
+    model.train()
     strip_user_hooks(model)  # the analysis is of forward itself (archscan.capture)
     _freeze(model, options.freeze)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ArchscanError(f"{target.name} has no trainable parameter" + (" left after --freeze" if options.freeze else ""),
                             hint="a training step needs a parameter that requires grad")
-    call = make_call(specs, dtype, fake_mode)
     optimizer = _optimizer(params, options)
     tracker = _StepTracker()
+
     def claim(path: str, output: Any) -> None:
         if tracker.phase == "forward" and torch.is_grad_enabled():
             _claim(tracker.forward_of, output, path)
 
     hooks = module_hooks(model, tracker, claim)
     try:
-        with global_hooks_set_aside(), fake_mode, quiet():
+        with global_hooks_set_aside(), base, quiet():
             _warm(optimizer, params)  # the optimizer's state exists after it: the step below is a steady one
             tracker.register([*model.parameters(), *model.buffers()], "params")
             tracker.register(call.tensors(), "inputs")
@@ -156,17 +183,26 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
     except ArchscanError:
         raise
     except Exception as exc:
-        raise CaptureError(f"the training step of {target.name} did not run on fake tensors: {short(exc)}",
+        raise CaptureError(f"the training step of {target.name} did not run {how}: {short(exc)}",
                            hint="`archscan MODEL` (without --train) shows whether its forward runs") from exc
     finally:
         for h in hooks:
             h.remove()
     tracker.settle(grads)
     tracker.close()
-    if options.snapshot:
-        _write_snapshot(snapshot(tracker), options.snapshot)
-    return {"options": options.to_json(), **_costs(tracker, grad_keys=tracker.serials_of(grads)),
-            "memory": summary(tracker)}
+    return tracker, grads
+
+
+def _check_real_step_fits(model: nn.Module, specs: Sequence[InputSpec], exc: BaseException) -> None:
+    """A real step holds the weights, their gradients and up to two optimizer moments, and the
+    inputs: fail with one line, before allocating, when that would not fit in half the free memory."""
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    need = 4 * weights + sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and need > 0.5 * free:
+        raise DeviceError(f"the training step needs tensor values ({short(exc.__cause__)}), so it would run for real, "
+                          f"but its weights, gradients and optimizer state alone need {need / 2**30:.1f} GiB and "
+                          f"{free / 2**30:.1f} GiB is free", hint="make the model's forward traceable without values")
 
 
 def check_trainable(target: ModelTarget) -> None:
