@@ -323,3 +323,20 @@ def test_a_step_that_needs_values_runs_for_real():
     got = archscan.scan(ModelTarget("vb", ValueBranch), [(8, 16)], train=True, recommend=False, rules=[]).training_step
     assert got["basis"].startswith("a real run on seeded random inputs")
     assert abs(got["memory"]["peak_bytes"] - want) <= 0.01 * want
+
+
+def test_a_real_step_that_would_not_fit_is_refused(capsys, monkeypatch, tmp_path):
+    """Before a value-dependent step runs for real: one line, exit 4, when its weights, gradients
+    and optimizer state would not fit in half the free memory."""
+    import archscan.memory.train as train
+    from archscan.cli import main
+
+    model_file = tmp_path / "vb.py"
+    model_file.write_text("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+                          "        super().__init__()\n        self.fc = nn.Linear(16, 8)\n\n"
+                          "    def forward(self, x):\n        y = self.fc(x)\n        return y * 2 if y.sum().item() > 0 else y\n")
+    monkeypatch.setattr(train, "available_bytes", lambda device: 1024)  # 4 x (16*8 + 8) * 4 bytes > 512
+    monkeypatch.setattr(train, "build_real", lambda *a, **k: pytest.fail("built for real despite the check"))
+    assert main([f"{model_file}:Net", "--input", "4,16", "--train"]) == 4
+    err = capsys.readouterr().err
+    assert "needs tensor values" in err and "GiB is free" in err and err.count("\n") == 1
