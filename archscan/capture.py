@@ -34,7 +34,7 @@ from . import direct
 from .building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, make_call, on_meta,
                        strip_user_hooks)
 from .costs import storage_key
-from .devices import available_bytes
+from .devices import short_of
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
 from .frames import at, short
@@ -432,8 +432,8 @@ def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype:
     need = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
     if model is not None:
         need += sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    avail = available_bytes(torch.device("cpu"))
-    if avail is not None and need > 0.5 * avail:
+    avail = short_of(need)
+    if avail is not None:
         why = "; ".join(f"{k}: {v}" for k, v in failures.items()) or "forced with --capture eager"
         raise DeviceError(f"eager capture needs a real run ({need / 2**30:.1f} GiB of inputs and weights) but "
                           f"{avail / 2**30:.1f} GiB is free; it was taken because {why}",

@@ -22,3 +22,10 @@ def available_bytes(device: torch.device) -> int | None:
     except OSError:
         return None
     return None
+
+
+def short_of(need: int, device: torch.device = torch.device("cpu")) -> int | None:
+    """The device's free bytes when ``need`` is more than half of them (a real run would crowd it
+    out: say so before allocating), else None (it fits, or the free memory cannot be told)."""
+    free = available_bytes(device)
+    return free if free is not None and need > 0.5 * free else None

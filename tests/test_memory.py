@@ -335,7 +335,7 @@ def test_a_real_step_that_would_not_fit_is_refused(capsys, monkeypatch, tmp_path
     model_file.write_text("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
                           "        super().__init__()\n        self.fc = nn.Linear(16, 8)\n\n"
                           "    def forward(self, x):\n        y = self.fc(x)\n        return y * 2 if y.sum().item() > 0 else y\n")
-    monkeypatch.setattr(train, "available_bytes", lambda device: 1024)  # 4 x (16*8 + 8) * 4 bytes > 512
+    monkeypatch.setattr(train, "short_of", lambda need: 1024 if need > 512 else None)  # 4 x (16*8 + 8) * 4 bytes > 512
     monkeypatch.setattr(train, "build_real", lambda *a, **k: pytest.fail("built for real despite the check"))
     assert main([f"{model_file}:Net", "--input", "4,16", "--train"]) == 4
     err = capsys.readouterr().err

@@ -142,7 +142,8 @@ def snapshot(tracker: MemoryTracker) -> dict:
     and module."""
     events = []
     for made, s, _, _ in tracker.log:
-        frame = {"filename": place(s.where)["source"] or place(s.where)["module"] or "", "line": 0,
+        at = place(s.where)
+        frame = {"filename": at["source"] or at["module"] or "", "line": 0,
                  "name": f"{s.op or 'existing'} [{s.category}, {s.phase}]"}
         actions = ("alloc",) if made else ("free_requested", "free_completed")
         for action in actions:

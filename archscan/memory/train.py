@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..building import build_fake, build_real, global_hooks_set_aside, make_call, strip_user_hooks
 from ..costs import cost_op, tensors_in
-from ..devices import available_bytes
+from ..devices import short_of
 from ..errors import ArchscanError, CaptureError, DeviceError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
@@ -91,18 +91,17 @@ class _StepTracker(MemoryTracker):
         kwargs = kwargs or {}
         if func.namespace in ("prim", "profiler"):  # metadata queries; record_function markers
             return func(*args, **kwargs)
-        phase = self.phase
+        step_phase = phase = self.phase
         if phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
                 self.where = self.forward_of.get(node._sequence_nr(), "")
             if _in_forward_of_backward():  # checkpoint recomputes its forward inside backward
-                self.phase = "recompute"
+                phase = self.phase = "recompute"
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
         finally:
-            self.phase = phase
-        phase = "recompute" if phase == "backward" and _in_forward_of_backward() else phase
+            self.phase = step_phase
         cost = cost_op(func, args, kwargs, out)
         if not cost.counted:
             self.uncounted[phase][cost.op] = self.uncounted[phase].get(cost.op, 0) + 1
@@ -198,8 +197,8 @@ def _check_real_step_fits(model: nn.Module, specs: Sequence[InputSpec], exc: Bas
     inputs: fail with one line, before allocating, when that would not fit in half the free memory."""
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     need = 4 * weights + sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
-    free = available_bytes(torch.device("cpu"))
-    if free is not None and need > 0.5 * free:
+    free = short_of(need)
+    if free is not None:
         raise DeviceError(f"the training step needs tensor values ({short(exc.__cause__)}), so it would run for real, "
                           f"but its weights, gradients and optimizer state alone need {need / 2**30:.1f} GiB and "
                           f"{free / 2**30:.1f} GiB is free", hint="make the model's forward traceable without values")
