@@ -69,3 +69,12 @@ def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", im
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     return resident + _allocations_peak(prof)
+
+
+def op_scratch(fn) -> int:
+    """The bytes the CPU allocator holds at its worst moment inside ``fn()`` beyond what ``fn``
+    returns (after one warm-up call)."""
+    fn()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    return _allocations_peak(prof) - _resident(output_tensors(result))

@@ -16,7 +16,7 @@ from archscan.costs import cost_op
 from archscan.loading import InputSpec, ModelTarget
 from archscan.memory import MemoryTracker
 from archscan.memory.train import TrainOptions, train_step
-from memory_oracle import forward_peak, step_peak
+from memory_oracle import forward_peak, op_scratch, step_peak
 
 
 class Blocks(nn.Module):
@@ -70,6 +70,11 @@ STEPS = {
     "norms-only": (norms_only, IMAGE, "sgd-momentum", None, None, ()),
     "checkpointed-blocks": (Blocks, [InputSpec((16, 64))], "adamw", "for-loop", None, ()),
     "adamw-loop-cnn": (small_cnn, [InputSpec((4, 3, 32, 32))], "adamw", "for-loop", None, ()),
+    "cnn-fp16-autocast": (small_cnn, [InputSpec((4, 3, 32, 32))], "adamw", None, "fp16", ()),
+    "grouped-fp16-sgd": (lambda: small_cnn(4), [InputSpec((4, 3, 32, 32))], "sgd", None, "fp16", ()),
+    "vit_tiny-bf16-sgd": (lambda: zoo.create_model("vit_tiny"), [InputSpec((1, 3, 224, 224))], "sgd", None, "bf16", ()),
+    "llama_tiny-bf16": (lambda: zoo.create_model("llama_tiny"), [InputSpec((1, 32), torch.int64)], "adamw", None,
+                        "bf16", ()),
 }
 
 
@@ -94,6 +99,39 @@ def test_training_step_peak_matches_the_cpu_allocator(name):
     peak = got["memory"]["peak_bytes"]
     assert abs(peak - want) <= 0.01 * want, f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})"
     assert sum(got["memory"]["at_peak"].values()) == peak  # the breakdown adds up to the peak
+
+
+CONVS = {  # input, weight, stride, padding, groups
+    "3x3": ((4, 32, 16, 16), (32, 32, 3, 3), 1, 1, 1),
+    "first-layer": ((4, 3, 16, 16), (32, 3, 3, 3), 1, 1, 1),
+    "strided": ((4, 32, 16, 16), (64, 32, 3, 3), 2, 1, 1),
+    "1x1": ((4, 32, 16, 16), (48, 32, 1, 1), 1, 0, 1),
+    "grouped": ((4, 32, 16, 16), (32, 8, 3, 3), 1, 1, 4),
+    "grouped-batch-1": ((1, 32, 16, 16), (32, 8, 3, 3), 1, 1, 4),
+    "depthwise": ((4, 32, 16, 16), (32, 1, 3, 3), 1, 1, 32),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_im2col_convolution_scratch_matches_the_cpu_allocator(name):
+    """Forward and backward scratch of torch's own CPU convolution (im2col, taken by float16 where
+    oneDNN has no float16 kernel) equal the allocator's to the byte. oneDNN's scratch follows its
+    thread partitioning and is checked on whole steps instead."""
+    from archscan.memory.scratch import scratch_bytes
+    x_shape, w_shape, stride, padding, groups = CONVS[name]
+    if torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        pytest.skip("this CPU runs float16 convolutions through oneDNN")
+    dtype = torch.float16
+    x, w = torch.randn(x_shape, dtype=dtype), torch.randn(w_shape, dtype=dtype)
+    conv_args = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], groups)
+    y = torch.ops.aten.convolution(x, w, None, *conv_args)
+    grads = torch.ops.aten.convolution_backward(torch.randn_like(y), x, w, None, *conv_args, [True, True, False])
+    got = scratch_bytes(torch.ops.aten.convolution.default, (x, w, None, *conv_args), {}, y)
+    assert got == op_scratch(lambda: torch.ops.aten.convolution(x, w, None, *conv_args))
+    go = torch.randn_like(y)
+    backward = (go, x, w, None, *conv_args, [True, True, False])
+    got = scratch_bytes(torch.ops.aten.convolution_backward.default, backward, {}, grads)
+    assert got == op_scratch(lambda: torch.ops.aten.convolution_backward(*backward))
 
 
 def test_breakdown_of_a_hand_counted_step():

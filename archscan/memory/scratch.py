@@ -62,13 +62,40 @@ def _blocked(c: int) -> int:
     return -(-c // ONEDNN_BLOCK) * ONEDNN_BLOCK
 
 
+def _slow_cpu(x: torch.Tensor, dilation) -> bool:
+    """Does the CPU convolution take torch's own im2col path (float16 where oneDNN has no float16
+    kernel for this CPU, no dilation)?"""
+    return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.float16 and all(d == 1 for d in dilation)
+            and not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
+
+
+def _im2col(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, stride, padding, groups: int) -> int:
+    """The column buffer of one group's im2col, for the whole batch (none for a 1×1, stride-1, unpadded kernel)."""
+    if weight.shape[2:] == (1, 1) and all(s == 1 for s in stride) and all(p == 0 for p in padding):
+        return 0
+    return x.shape[0] * (x.shape[1] // groups) * math.prod(weight.shape[2:]) * math.prod(out.shape[2:]) * x.element_size()
+
+
+def _slow_grouped(x: torch.Tensor, groups: int) -> int:
+    """One group's slice of ``x``, copied to be contiguous (a batch of one is contiguous already)."""
+    return _nbytes(x) // groups if groups > 1 and x.shape[0] > 1 else 0
+
+
 @register_scratch(aten.convolution)
 def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, out):
-    """oneDNN reorders the input (unless it has fewer than 8 channels: its first-layer kernel reads
+    """torch's im2col path (float16) fills a column buffer; a grouped convolution runs group by
+    group on contiguous copies of the input's slices and concatenates the outputs.
+
+    oneDNN reorders the input (unless it has fewer than 8 channels: its first-layer kernel reads
     NCHW) and the weight to blocked layouts, channels padded to 16, and computes into a blocked
     output it then copies to the result: at its worst the kernel holds the reorders and the
     blocked output, then the blocked output and the result."""
-    if transposed or not _onednn_cpu(x, weight):
+    if transposed:
+        return 0
+    if _slow_cpu(x, dilation):
+        columns = _im2col(x, weight, out, stride, padding, groups)
+        return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, _nbytes(out))
+    if not _onednn_cpu(x, weight):
         return 0
     n, cin, *spatial = x.shape
     cout, cin_g, *kernel = weight.shape
@@ -87,14 +114,26 @@ ONEDNN_REDUCTION_BYTES = 8448  # oneDNN's weight-gradient scratchpad beyond the 
 @register_scratch(aten.convolution_backward)
 def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed,
                                  output_padding, groups, output_mask, *, out):
-    """oneDNN's backward reorders grad_output (and the input, channels a multiple of 8) to its
+    """torch's im2col path (float16) holds one column buffer for both gradients; grouped, it runs
+    group by group on contiguous copies of grad_output's and the input's slices and concatenates
+    the gradients.
+
+    oneDNN's backward reorders grad_output (and the input, channels a multiple of 8) to its
     blocked layout; the input gradient is computed into a blocked tensor and copied out, the
     weight gradient through a scratchpad of the weight's size and a reduction buffer (not for a
-    depthwise convolution)."""
-    if transposed or not _onednn_cpu(x, weight):
+    depthwise convolution). The bfloat16 weight-gradient kernel's scratchpad is larger and
+    follows oneDNN's thread partitioning; it is counted as float32's (docs/memory.md)."""
+    if transposed:
+        return 0
+    results = sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
+    if _slow_cpu(x, dilation):
+        columns = _im2col(x, weight, grad_output, stride, padding, groups)
+        if groups == 1:
+            return columns
+        return max(_slow_grouped(grad_output, groups) + _slow_grouped(x, groups) + columns, results)
+    if not _onednn_cpu(x, weight):
         return 0
     go, xin, w = _nbytes(grad_output), (_nbytes(x) if x.shape[1] % 8 == 0 else 0), _nbytes(weight)
-    results = sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
     worst = 0
     if output_mask[0]:  # grad_output and weight reordered, blocked input gradient; then blocked and plain
         gi = _nbytes(x)
