@@ -143,7 +143,9 @@ def test_breakdown_of_a_hand_counted_step():
     assert at["grads"] == 64 * 32 * 4  # the weight's gradient is live when the optimizer steps
     # forward 8*64*32 multiply-adds; backward: only the weight's gradient (the input needs none)
     assert got["phases"]["forward"]["flops"] == 8 * 64 * 32
-    assert got["backward"] == {"input_grad_flops": 0, "weight_grad_flops": 8 * 64 * 32}
+    assert got["backward"]["input_grad_flops"] == 0 and got["backward"]["weight_grad_flops"] == 8 * 64 * 32
+    # the weight gradient's matrix product reads grad_output and the input, writes the gradient
+    assert got["modules"][""]["bytes"]["weight_grad"] == (8 * 32 + 8 * 64 + 32 * 64) * 4
 
 
 def test_grouped_convolution_backward_is_not_counted_groups_times():
@@ -154,7 +156,15 @@ def test_grouped_convolution_backward_is_not_counted_groups_times():
     first, depthwise = 2 * 16 * 16 * 32 * 8, 2 * 16 * 16 * 32 * 9  # [N*H*W*Cout*Cin/groups*k*k]
     assert got["phases"]["forward"]["flops"] == first + depthwise
     # the first conv needs no input gradient: its weight's; the depthwise conv both
-    assert got["backward"] == {"input_grad_flops": depthwise, "weight_grad_flops": first + depthwise}
+    assert got["backward"]["input_grad_flops"] == depthwise
+    assert got["backward"]["weight_grad_flops"] == first + depthwise
+    assert got["modules"]["1"]["input_grad"] == got["modules"]["1"]["weight_grad"] == depthwise
+    # one kernel per gradient: grad_output + weight -> input gradient; grad_output + input -> weight and bias gradients
+    go, x1, w1 = 2 * 32 * 16 * 16 * 4, 2 * 32 * 16 * 16 * 4, 32 * 9 * 4
+    assert got["modules"]["1"]["bytes"]["input_grad"] == go + w1 + x1
+    assert got["modules"]["1"]["bytes"]["weight_grad"] == go + x1 + w1 + 32 * 4
+    assert got["modules"]["0"]["bytes"]["weight_grad"] == go + 2 * 8 * 16 * 16 * 4 + 32 * 8 * 4 + 32 * 4
+    assert got["backward"]["input_grad_bytes"] + got["backward"]["weight_grad_bytes"] == got["phases"]["backward"]["mac_bytes"]
 
 
 def test_frozen_parameters_have_no_gradient_and_no_state():

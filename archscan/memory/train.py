@@ -107,14 +107,14 @@ class _StepTracker(MemoryTracker):
             self.uncounted[phase][cost.op] = self.uncounted[phase].get(cost.op, 0) + 1
         live = self.live
         serials = [live[k].serial for k in (t.untyped_storage()._cdata for t in tensors_in(out)) if k in live]
-        input_share = 1.0  # of a backward op's multiply-adds, the input gradient's (decided later for the rest)
+        split = None  # a backward op's (multiply-adds, bytes) of the input gradient (decided later for the rest)
+        mac = cost.mac_bytes
         if func.overloadpacket is torch.ops.aten.convolution_backward:
-            mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
-            input_share = bool(mask[0]) / max(int(bool(mask[0])) + int(bool(mask[1])), 1)
-        elif phase == "backward":
-            input_share = None
+            split, mac = _convolution_backward_split(args, kwargs, out, cost.flops)
+        elif phase != "backward":
+            split = (cost.flops, mac)
         module = self.where if isinstance(self.where, str) else ""
-        self.rows.append((phase, module, cost.flops, cost.mac_bytes, serials, input_share))
+        self.rows.append((phase, module, cost.flops, mac, serials, split))
         return out
 
 
@@ -261,6 +261,22 @@ def _claim(forward_of: dict[int, str], output: Any, path: str) -> None:
         stack.extend(n for n, _ in node.next_functions if n is not None)
 
 
+def _convolution_backward_split(args, kwargs, out, flops: int) -> tuple[tuple[int, int], int]:
+    """A convolution's backward runs one kernel per gradient: the input gradient's reads
+    grad_output and the weight and writes the input gradient, the weight gradient's reads
+    grad_output and the input and writes the weight and bias gradients; each costs the forward's
+    multiply-adds. Returns the input gradient's (multiply-adds, bytes) and both kernels' bytes."""
+    grad_output, x, weight = args[:3]
+    mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
+    nbytes = lambda t: t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # noqa: E731
+    grad_input, grad_weight, grad_bias = (tuple(out) + (None, None, None))[:3]
+    to_input = (nbytes(grad_output) + nbytes(weight) + nbytes(grad_input)) if mask[0] else 0
+    to_weight = (nbytes(grad_output) + nbytes(x) + nbytes(grad_weight) + nbytes(grad_bias)
+                 if (mask[1] or mask[2]) else 0)
+    kernels = int(bool(mask[0])) + int(bool(mask[1]))
+    return (flops * bool(mask[0]) // max(kernels, 1), to_input), to_input + to_weight
+
+
 def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker) -> list:
     """forward, loss, backward, optimizer step, zero_grad(set_to_none=True); the gradients it made."""
     def phase(name: str) -> None:
@@ -308,24 +324,26 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
     """Per phase and per module: multiply-adds and bytes, backward split into input and weight
     gradients, and the backward/forward ratio."""
     phases = {p: {"flops": 0, "mac_bytes": 0, "ops": 0} for p in (*PHASES, "recompute")}
-    split = {"input_grad_flops": 0, "weight_grad_flops": 0}
+    split = {"input_grad_flops": 0, "weight_grad_flops": 0, "input_grad_bytes": 0, "weight_grad_bytes": 0}
     modules: dict[str, dict] = {}
-    for phase, module, flops, mac, keys, input_share in tracker.rows:
+    parts = ("forward", "input_grad", "weight_grad", "recompute", "optimizer")
+    for phase, module, flops, mac, keys, to_input in tracker.rows:
         row = phases[phase]
         row["flops"] += flops
         row["mac_bytes"] += mac
         row["ops"] += 1
-        per = modules.setdefault(module, {p: 0 for p in ("forward", "input_grad", "weight_grad", "recompute", "optimizer")})
+        per = modules.setdefault(module, {**{p: 0 for p in parts}, "bytes": {p: 0 for p in parts}})
         if phase == "backward":
-            if input_share is None:
-                input_share = 0.0 if any(k in grad_keys for k in keys) else 1.0
-            to_input = round(flops * input_share)
-            split["input_grad_flops"] += to_input
-            split["weight_grad_flops"] += flops - to_input
-            per["input_grad"] += to_input
-            per["weight_grad"] += flops - to_input
+            if to_input is None:  # an op that makes a weight's gradient is the weight gradient's
+                to_input = (0, 0) if any(k in grad_keys for k in keys) else (flops, mac)
+            for grad, f, b in (("input_grad", *to_input), ("weight_grad", flops - to_input[0], mac - to_input[1])):
+                split[f"{grad}_flops"] += f
+                split[f"{grad}_bytes"] += b
+                per[grad] += f
+                per["bytes"][grad] += b
         else:
             per[phase] += flops
+            per["bytes"][phase] += mac
     forward = phases["forward"]["flops"]
     return {"phases": phases, "backward": split, "modules": modules, "saved_for_backward": tracker.saved,
             "uncounted": {phase: ops for phase, ops in tracker.uncounted.items() if ops},
