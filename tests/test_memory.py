@@ -167,6 +167,19 @@ def test_grouped_convolution_backward_is_not_counted_groups_times():
     assert got["backward"]["input_grad_bytes"] + got["backward"]["weight_grad_bytes"] == got["phases"]["backward"]["mac_bytes"]
 
 
+def test_why_the_backward_is_not_twice_the_forward():
+    """A frozen first layer computes neither gradient and the layer after it no input gradient; the
+    reasons add up to backward − 2 × forward, by hand."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 4))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("sgd", freeze=("0",)))
+    why = {w["reason"]: w for w in got["backward_forward_why"]}
+    first, second, third = 4 * 16 * 32, 4 * 32 * 8, 4 * 8 * 4
+    assert why["no input gradient"]["modules"] == ["0", "2"] and why["no input gradient"]["flops"] == -(first + second)
+    assert why["frozen: no weight gradient"] == {"reason": "frozen: no weight gradient", "flops": -first, "modules": ["0"]}
+    assert got["phases"]["backward"]["flops"] == second + 2 * third
+    assert sum(w["flops"] for w in got["backward_forward_why"]) == got["phases"]["backward"]["flops"] - 2 * (first + second + third)
+
+
 def test_frozen_parameters_have_no_gradient_and_no_state():
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
     got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("adamw", freeze=("0",)))

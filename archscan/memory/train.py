@@ -163,6 +163,8 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
                             hint="a training step needs a parameter that requires grad")
     optimizer = _optimizer(params, options)
     tracker = _StepTracker()
+    tracker.frozen = {path for path, m in model.named_modules()
+                      if any(True for _ in m.parameters(recurse=False)) and not any(p.requires_grad for p in m.parameters(recurse=False))}
 
     def claim(path: str, output: Any) -> None:
         if tracker.phase == "forward" and torch.is_grad_enabled():
@@ -345,9 +347,32 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
             per[phase] += flops
             per["bytes"][phase] += mac
     forward = phases["forward"]["flops"]
-    return {"phases": phases, "backward": split, "modules": modules, "saved_for_backward": tracker.saved,
+    return {"phases": phases, "backward": split, "modules": modules,
+            "backward_forward_why": _why_not_two(modules, phases, getattr(tracker, "frozen", set())),
+            "saved_for_backward": tracker.saved,
             "uncounted": {phase: ops for phase, ops in tracker.uncounted.items() if ops},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
+
+
+def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
+    """Why the backward is not twice the forward, in multiply-adds against 2 × forward: layers that
+    need no input gradient (the first layer: its input needs none), frozen layers (no weight
+    gradient), and every other op whose backward costs other than twice its forward (attention,
+    normalisation, element-wise ops). The items add up to backward − 2 × forward."""
+    why, explained = [], 0
+    no_input = {m: v["forward"] for m, v in modules.items()
+                if v["forward"] and not v["input_grad"] and (v["weight_grad"] or m in frozen)}
+    no_weight = {m: v["forward"] for m, v in modules.items() if v["forward"] and m in frozen and not v["weight_grad"]}
+    for reason, found in (("no input gradient", no_input), ("frozen: no weight gradient", no_weight)):
+        if found:
+            flops = -sum(found.values())
+            why.append({"reason": reason, "flops": flops, "modules": sorted(found, key=lambda m: -found[m])})
+            explained += flops
+    rest = phases["backward"]["flops"] - 2 * phases["forward"]["flops"] - explained
+    if rest:
+        why.append({"reason": "other ops: backward not 2 × forward (attention, normalisation, element-wise)",
+                    "flops": rest, "modules": []})
+    return why
 
 
 def _write_snapshot(data: dict, path: str) -> None:

@@ -157,19 +157,34 @@ def memory_lines(report: Report) -> list[str]:
     if step:
         options = step["options"]
         lines.append(_memory_line("train mem  ", step["memory"]))
-        phases = step["phases"]
         ratio = step.get("backward_forward_ratio")
-        lines.append(
-            f"train step {options['optimizer']} ({options['impl']}"
-            + (f", autocast {options['amp']}" if options["amp"] else "") + "): "
-            + ", ".join(f"{name} {fmt_count(p['flops'])} multiply-adds {fmt_bytes(p['mac_bytes'])}"
-                        for name, p in phases.items() if p["ops"])
-            + (f"; backward/forward {ratio:.2f} (input gradients {fmt_count(step['backward']['input_grad_flops'])}, "
-               f"weight gradients {fmt_count(step['backward']['weight_grad_flops'])})" if ratio is not None else ""))
+        lines.append(f"train step {options['optimizer']} ({options['impl']}"
+                     + (f", autocast {options['amp']}" if options["amp"] else "") + ")"
+                     + (f", backward/forward {ratio:.2f}" if ratio is not None else ""))
+        lines.extend(_phase_table(step))
+        why = [("" if w["flops"] < 0 else "+") + fmt_count(w["flops"]) + " "
+               + (f"{', '.join(w['modules'][:3])}{' …' if len(w['modules']) > 3 else ''} ({w['reason']})"
+                  if w["modules"] else w["reason"])
+               for w in step.get("backward_forward_why", [])]
+        if why and ratio is not None:
+            lines.append("           not 2 × forward: " + "; ".join(why))
         saved = list(step.get("saved_for_backward", {}).items())[:3]
         if saved:
             lines.append("saved      for backward, most by: " + ", ".join(f"{m or '(model)'} {fmt_bytes(b)}" for m, b in saved))
     return lines
+
+
+def _phase_table(step: dict) -> list[str]:
+    """The step's multiply-adds and bytes moved per phase, the backward split by gradient."""
+    b = step["backward"]
+    rows = [(name, p["flops"], p["mac_bytes"]) for name, p in step["phases"].items() if p["ops"]]
+    at = next((i for i, r in enumerate(rows) if r[0] == "backward"), None)
+    if at is not None:
+        rows[at + 1:at + 1] = [("  input gradients", b["input_grad_flops"], b.get("input_grad_bytes", 0)),
+                               ("  weight gradients", b["weight_grad_flops"], b.get("weight_grad_bytes", 0))]
+    width = max(len(r[0]) for r in rows)
+    return [f"           {'phase':<{width}}  {'multiply-adds':>13}  {'bytes moved':>11}"] + [
+        f"           {name:<{width}}  {fmt_count(flops):>13}  {fmt_bytes(mac):>11}" for name, flops, mac in rows]
 
 
 def latency_lines(report: Report) -> list[str]:
