@@ -180,6 +180,17 @@ def test_why_the_backward_is_not_twice_the_forward():
     assert sum(w["flops"] for w in got["backward_forward_why"]) == got["phases"]["backward"]["flops"] - 2 * (first + second + third)
 
 
+def test_backward_peak_and_largest_tensors_name_their_module_and_line():
+    """A peak in the backward names the module whose gradient runs and the model's line that called
+    it; the largest tensors (parameters and gradients included) their module and line."""
+    got = train_step(ModelTarget("llama_tiny", None, instance=zoo.create_model("llama_tiny")),
+                     [InputSpec((1, 64), torch.int64)], TrainOptions("sgd"))["memory"]
+    assert got["peak_at"]["phase"] == "backward" and got["peak_at"]["module"] == "tok_embeddings"
+    assert got["peak_at"]["source"].startswith("zoo/llama.py:")
+    assert {t["module"] for t in got["largest"][:4]} == {"tok_embeddings", "output"}  # weights and their gradients
+    assert all(t["source"].startswith("zoo/llama.py:") for t in got["largest"])
+
+
 def test_frozen_parameters_have_no_gradient_and_no_state():
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
     got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("adamw", freeze=("0",)))

@@ -33,7 +33,7 @@ class MemoryObserver:
 
     def mode(self, model: nn.Module) -> MemoryTracker:
         tracker = MemoryTracker()
-        tracker.register([*model.parameters(), *model.buffers()], "params")
+        tracker.register(*weights(model))
         return tracker
 
     def result(self, tracker: MemoryTracker, output: Any, model: nn.Module) -> dict:
@@ -58,7 +58,7 @@ def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dt
             return None
         base, call = fake_mode, make_call(specs, dtype, fake_mode)
     tracker = MemoryTracker(locate=model_line)
-    tracker.register(tensors, "params")
+    tracker.register(*weights(model))
     tracker.register(call.tensors(), "inputs")
     hooks = module_hooks(model, tracker)
     try:
@@ -74,6 +74,13 @@ def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dt
     return summary(tracker, {"basis": "eager"})
 
 
+def weights(model: nn.Module) -> tuple[list[torch.Tensor], str, list[str]]:
+    """``MemoryTracker.register``'s arguments for the model's parameters and buffers: the tensors,
+    "params", and the path of the module holding each."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return [t for _, t in named], "params", [name.rpartition(".")[0] for name, _ in named]
+
+
 def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[str, Any], None] | None = None) -> list:
     """Forward hooks that tell the tracker which module runs (the innermost; its parent again
     after it); ``on_exit(path, output)`` is called as each module returns."""
@@ -83,6 +90,8 @@ def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[st
         def hook(module, args):
             stack.append(path)
             tracker.where = path
+            if path not in tracker.called_at:
+                tracker.called_at[path] = model_line()
         return hook
 
     def post(path):
@@ -124,10 +133,13 @@ def summary(tracker: MemoryTracker, extra: dict | None = None) -> dict:
     peak = tracker.peak
     return {
         "peak_bytes": peak.bytes,
-        "peak_at": {"phase": peak.phase, "op": peak.op, **place(peak.where, peak.source)},
+        "peak_at": {"phase": peak.phase, "op": peak.op,
+                    **place(peak.where, peak.source or tracker.called_at.get(peak.where))},
         "at_peak": dict(peak.by_category),
         "scratch_bytes": peak.scratch,
-        "largest": [{**{k: v for k, v in t.items() if k != "where"}, **place(t["where"])} for t in peak.largest],
+        "largest": [{**{k: v for k, v in t.items() if k != "where"},
+                     **place(t["where"], tracker.called_at.get(t["where"]) if isinstance(t["where"], str) else None)}
+                    for t in peak.largest],
         "timeline": tracker.timeline(),
         **(extra or {}),
     }

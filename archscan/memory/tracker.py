@@ -85,14 +85,19 @@ class MemoryTracker(TorchDispatchMode):
         # (made, storage, allocating ops so far, phase) in order: made True when made, False when freed
         self.log: list[tuple[bool, _Storage, int, str]] = []
         self._peak_at = 0  # the log's length at the peak
+        self.called_at: dict[str, str | None] = {}  # module path -> the model's line that first called it
         self._finalizers: list[weakref.finalize] = []
 
     # --- storages -------------------------------------------------------------------------------------
 
-    def register(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """Count tensors that exist before the run (their storages, once each) as ``category``."""
-        for t in tensors:
+    def register(self, tensors: Iterable[torch.Tensor], category: str, modules: Iterable[str] | None = None) -> None:
+        """Count tensors that exist before the run (their storages, once each) as ``category``,
+        each held by the module path ``modules`` gives for it (none when not given)."""
+        where = self.where
+        for t, module in zip(tensors, modules) if modules is not None else ((t, None) for t in tensors):
+            self.where = module
             self._add(t, category, "before", "")
+        self.where = where
 
     def _add(self, t: torch.Tensor, category: str, phase: str, op: str) -> bool:
         try:

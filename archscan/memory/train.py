@@ -35,7 +35,7 @@ from ..errors import ArchscanError, CaptureError, DeviceError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
 from ..recording import needs_values, output_tensors, quiet
-from . import model_line, module_hooks, snapshot, summary
+from . import model_line, module_hooks, snapshot, summary, weights
 from .tracker import MemoryTracker
 
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -174,10 +174,13 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
     try:
         with global_hooks_set_aside(), base, quiet():
             _warm(optimizer, params)  # the optimizer's state exists after it: the step below is a steady one
-            tracker.register([*model.parameters(), *model.buffers()], "params")
+            tracker.register(*weights(model))
             tracker.register(call.tensors(), "inputs")
-            tracker.register([v for state in optimizer.state.values() for v in state.values()
-                              if isinstance(v, torch.Tensor)], "optimizer_state")
+            tensors, _, modules = weights(model)
+            owner = {id(p): m for p, m in zip(tensors, modules)}
+            state = [(v, owner.get(id(p))) for p, s in optimizer.state.items() for v in s.values()
+                     if isinstance(v, torch.Tensor)]
+            tracker.register([v for v, _ in state], "optimizer_state", [m for _, m in state])
             tracker.peak.bytes = tracker.bytes
             with tracker:
                 grads = _step(model, call, optimizer, options, tracker)
