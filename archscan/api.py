@@ -30,7 +30,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
-         recommend: bool = True, train: TrainOptions | bool | None = None) -> Report:
+         recommend: bool = True, train: TrainOptions | bool | None = None,
+         memory: str | int | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -50,6 +51,10 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         recommend: rank the changes that answer the findings (``report.recommendations``).
         train: also analyse one training step (``True`` or ``archscan.memory.train.TrainOptions``:
             optimizer and implementation, autocast, frozen prefixes): ``report.training_step``.
+        memory: a memory budget ('80GiB', '24GB', a GPU name such as 'h100', or bytes): the largest
+            batch whose peak fits (the training step's with ``train``), and with ``train`` an
+            activation-checkpointing plan and what-ifs (``report.memory["budget"]``,
+            ``["checkpoint_plan"]``, ``["what_ifs"]``; ``archscan.memory.budget``).
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -65,12 +70,11 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     train = TrainOptions() if train is True else train or None
     if train is not None:
         check_trainable(target)
+    budget = _budget(memory, specs)
     try:
         with seeded_rng():
-            report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend)
-            if train is not None:
-                report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
-            return report
+            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend,
+                         train, budget)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
 
@@ -109,7 +113,66 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
                      rtol=rtol, atol=atol, device=device)
 
 
-def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise) -> Report:
+def _budget(memory: str | int | None, specs) -> "Budget | None":
+    """The memory budget asked for, checked before any analysis (a size, a GPU name, bytes)."""
+    if memory is None:
+        return None
+    from .memory.budget import Budget, check_batchable, parse_budget
+
+    check_batchable(specs)
+    if isinstance(memory, int) and not isinstance(memory, bool):
+        if memory <= 0:
+            raise ArchscanError(f"a memory budget of {memory} bytes is no memory at all", hint="give a size above zero")
+        return Budget(memory, f"{memory:,} bytes")
+    return parse_budget(str(memory))
+
+
+def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptions | None, budget) -> Report:
+    """``report.memory`` with the largest batch that fits ``budget`` and, for a training step, the
+    checkpointing plan and the what-ifs (``archscan.memory.budget``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .building import build_fake
+    from .memory import budget as mb, forward_memory
+
+    model = build_fake(target, kwargs, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    mb.check_weights_fit(weights, budget)
+    section: dict = {}
+    if train is not None:
+        step = report.training_step
+        if step["basis"] != "fake tensors":
+            raise ArchscanError("--memory searches the batch on fake tensors, and this training step needs tensor values",
+                                hint="scan without --memory; the step's peak is in the report")
+
+        def run(options: TrainOptions, dt, sp) -> dict:
+            return train_step(target, sp, options, kwargs, dt)
+
+        found = mb.largest_batch(lambda b: run(train, dtype, mb.batched(specs, b))["memory"]["peak_bytes"], budget.bytes)
+        rows = mb.candidates(model, step)
+        section["checkpoint_candidates"] = rows
+        if step["memory"]["peak_bytes"] > budget.bytes:
+            plan = mb.checkpoint_plan(step, rows, budget.bytes,
+                                      lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs))
+            section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"])} if plan["modules"] else {})}
+        section["what_ifs"] = mb.what_ifs(step, train, dtype, specs, run, model, rows)
+    else:
+        def peak_of(batch: int) -> int:
+            got = forward_memory(model, mb.batched(specs, batch), dtype)
+            if got is None:  # the forward needs tensor values: the captured graph's lifetimes
+                got = analysis(target, mb.batched(specs, batch), kwargs=kwargs, dtype=dtype, rules=()).report.memory or {}
+            if "peak_bytes" not in got:
+                raise ArchscanError(f"the peak memory of {target.name} at batch {batch} could not be found",
+                                    hint="scan without --memory")
+            return got["peak_bytes"]
+
+        found = mb.largest_batch(peak_of, budget.bytes)
+    section["budget"] = {**budget.to_json(), "for": "training step" if train is not None else "inference forward", **found}
+    return dataclasses.replace(report, memory={**(report.memory or {}), **section})
+
+
+def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
+          train: TrainOptions | None = None, budget=None) -> Report:
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -127,6 +190,10 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
                              selected, None, advise, build)
         raise
+    if train is not None:
+        report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
+    if budget is not None:
+        report = _with_budget(report, target, specs, kwargs, dtype, train, budget)
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 

@@ -41,6 +41,7 @@ def scan_cmd(
     train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (sum of the outputs), backward, optimizer step; its costs and peak memory")] = False,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
     freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
+    memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan and what-ifs")] = None,
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
@@ -68,6 +69,10 @@ def scan_cmd(
 
     check_arguments(model, input, dtype)
     _check_report_paths(report_path, markdown, memory_snapshot)
+    if memory is not None:
+        from .memory.budget import parse_budget
+
+        parse_budget(memory)  # an unreadable size costs no analysis
     _analysis_process()
     from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
@@ -105,7 +110,7 @@ def scan_cmd(
         try:
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
-                                        profile=profile, train=training), None
+                                        profile=profile, train=training, memory=memory), None
         except DeviceError as exc:
             if exc.report is None:
                 raise

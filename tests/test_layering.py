@@ -20,7 +20,8 @@ PACKAGES = {"archscan": os.path.join(ROOT, "archscan"), "archscan.zoo": os.path.
 # Lowest first. A pattern ending in ``*`` takes a package and everything under it.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["archscan", "archscan.errors", "archscan.results", "archscan.categories", "archscan.frames",
-              "archscan.specs", "archscan.graphmodule", "archscan.nocompile", "archscan.devices", "archscan.zoo*"]),
+              "archscan.specs", "archscan.graphmodule", "archscan.nocompile", "archscan.devices", "archscan.gpus",
+              "archscan.units", "archscan.zoo*"]),
     ("cost", ["archscan.costs*"]),
     ("load", ["archscan.loading", "archscan.recording", "archscan.building"]),
     ("capture", ["archscan.direct", "archscan.eager", "archscan.capture"]),

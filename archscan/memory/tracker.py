@@ -86,6 +86,7 @@ class MemoryTracker(TorchDispatchMode):
         self.log: list[tuple[bool, _Storage, int, str]] = []
         self._peak_at = 0  # the log's length at the peak
         self.called_at: dict[str, str | None] = {}  # module path -> the model's line that first called it
+        self.phase_peaks: dict[str, int] = {}        # phase -> its highest live bytes
         self._finalizers: list[weakref.finalize] = []
 
     # --- storages -------------------------------------------------------------------------------------
@@ -143,6 +144,8 @@ class MemoryTracker(TorchDispatchMode):
         if any(new) or extra:  # the timeline's steps are the ops that allocate (others change nothing)
             self.ops += 1
         scratch = self._scratch(extra, func) if extra else None  # made and freed inside the kernel
+        if self.bytes + extra > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = self.bytes + extra
         if self.bytes + extra > self.peak.bytes:
             self._new_peak(str(func.overloadpacket.__name__), extra)
         if scratch is not None:

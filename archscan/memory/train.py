@@ -19,6 +19,7 @@ The step's memory is ``archscan.memory.MemoryTracker``'s, with ``zero_grad(set_t
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import pickle
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..building import build_fake, build_real, global_hooks_set_aside, make_call, strip_user_hooks
@@ -55,6 +57,9 @@ class TrainOptions:
     amp: str | None = None
     freeze: tuple[str, ...] = ()
     snapshot: str | None = None  # where to write the step as a PyTorch memory snapshot (archscan.memory.snapshot)
+    checkpoint: tuple[str, ...] = ()  # module paths run under torch.utils.checkpoint (non-reentrant)
+    set_to_none: bool = True          # zero_grad(set_to_none=...): False keeps the gradients between steps
+    inplace: bool = False             # activation modules with an ``inplace`` switch run in place
 
     @classmethod
     def parse(cls, optimizer: str | None = None, amp: str | None = None, freeze: Sequence[str] = (),
@@ -72,7 +77,10 @@ class TrainOptions:
     def to_json(self) -> dict:
         return {"optimizer": self.optimizer, "impl": self.impl or "default", "amp": self.amp, "freeze": list(self.freeze),
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
-                "loss": "sum of every floating-point output that requires grad", "zero_grad": "set_to_none=True"}
+                **({"checkpoint": list(self.checkpoint)} if self.checkpoint else {}),
+                **({"inplace": True} if self.inplace else {}),
+                "loss": "sum of every floating-point output that requires grad",
+                "zero_grad": f"set_to_none={self.set_to_none}"}
 
 
 class _StepTracker(MemoryTracker):
@@ -86,6 +94,8 @@ class _StepTracker(MemoryTracker):
         self.forward_of: dict[int, str] = {}  # autograd node sequence number -> module path of the op that made it
         self.uncounted: dict[str, dict[str, int]] = {p: {} for p in (*PHASES, "recompute")}  # ops with no formula
         self.saved: dict[str, int] = {}  # module path -> bytes it keeps for the backward
+        self.outputs: dict[str, set[int]] = {}  # module path -> serials of the storages it returned in forward
+        self.saved_outputs: dict[str, int] = {}  # module path -> bytes of its outputs still held for the backward
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -157,6 +167,11 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
     model.train()
     strip_user_hooks(model)  # the analysis is of forward itself (archscan.capture)
     _freeze(model, options.freeze)
+    _checkpoint(model, options.checkpoint)
+    if options.inplace:
+        for m in model.modules():
+            if isinstance(getattr(m, "inplace", None), bool):
+                m.inplace = True
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ArchscanError(f"{target.name} has no trainable parameter" + (" left after --freeze" if options.freeze else ""),
@@ -169,12 +184,17 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
     def claim(path: str, output: Any) -> None:
         if tracker.phase == "forward" and torch.is_grad_enabled():
             _claim(tracker.forward_of, output, path)
+            tracker.outputs.setdefault(path, set()).update(tracker.serials_of(output_tensors(output)))
 
     hooks = module_hooks(model, tracker, claim)
     try:
         with global_hooks_set_aside(), base, quiet():
             _warm(optimizer, params)  # the optimizer's state exists after it: the step below is a steady one
+            if not options.set_to_none:  # the gradients stay allocated between steps
+                for p in params:
+                    p.grad = torch.zeros_like(p)
             tracker.register(*weights(model))
+            tracker.register([p.grad for p in params if p.grad is not None], "grads")
             tracker.register(call.tensors(), "inputs")
             tensors, _, modules = weights(model)
             owner = {id(p): m for p, m in zip(tensors, modules)}
@@ -243,6 +263,17 @@ def _freeze(model: nn.Module, prefixes: Sequence[str]) -> None:
             p.requires_grad_(False)
 
 
+def _checkpoint(model: nn.Module, paths: Sequence[str]) -> None:
+    """Run each module at ``paths`` under ``torch.utils.checkpoint.checkpoint`` (non-reentrant), as
+    ``archscan.memory.budget.checkpoint_code`` prints it."""
+    for path in paths:
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            raise ArchscanError(f"no module {path!r} to checkpoint", hint="give module paths as `archscan MODEL` lists them") from None
+        module.forward = functools.partial(torch.utils.checkpoint.checkpoint, module.forward, use_reentrant=False)
+
+
 def _optimizer(params: list[nn.Parameter], options: TrainOptions) -> torch.optim.Optimizer:
     cls_name, defaults = OPTIMIZERS[options.optimizer]
     impl = IMPLS.get(options.impl or "", {})
@@ -308,7 +339,7 @@ def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker)
     tracker.mark_grads(grads)
     phase("optimizer")
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=options.set_to_none)
     return grads
 
 
@@ -318,10 +349,14 @@ def _saved_by_module(tracker: MemoryTracker, loss: torch.Tensor) -> dict[str, in
     counted)."""
     saved: dict[str, int] = {}
     loss_key = loss.untyped_storage()._cdata
+    held = {}
     for key, record in tracker.live.items():
         if record.phase == "forward" and key != loss_key:
             module = record.where if isinstance(record.where, str) else ""
             saved[module] = saved.get(module, 0) + record.nbytes
+            held[record.serial] = record.nbytes
+    outputs = getattr(tracker, "outputs", {})
+    tracker.saved_outputs = {path: sum(held.get(s, 0) for s in serials) for path, serials in outputs.items()}
     return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
 
 
@@ -353,6 +388,8 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
     return {"phases": phases, "backward": split, "modules": modules,
             "backward_forward_why": _why_not_two(modules, phases, getattr(tracker, "frozen", set())),
             "saved_for_backward": tracker.saved,
+            "saved_outputs": {p: b for p, b in tracker.saved_outputs.items() if b},
+            "phase_peaks": dict(tracker.phase_peaks),
             "uncounted": {phase: ops for phase, ops in tracker.uncounted.items() if ops},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
 

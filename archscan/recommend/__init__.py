@@ -27,6 +27,7 @@ from ..results import NodeReport, Recommendation, Report
 from ..rules.context import RuleContext, dtype_size
 from ..rules.hygiene import conv_bn_pairs, elementwise_links
 from .attention import attention_patterns
+from .memory import memory_recommendations
 
 Recommender = Callable[["Context"], list[Recommendation]]
 
@@ -325,12 +326,14 @@ RECOMMENDERS: dict[str, Recommender] = {
     "pin-memory": _from_finding("input-transfer", "pin-memory", "fix", ms_key="latency_ms"),
     "align": _from_finding("channel-align", "align", "fix"),
     "eval": _from_finding("no-grad", "eval", "fix"),
+    "memory": memory_recommendations,  # batch-size, checkpoint, fused-optimizer, amp, in-place (with --memory)
 }
 
 
 def _rank_key(r: Recommendation) -> tuple:
     ms = r.estimated_saving.get("ms")
-    return (ms is None, -(ms or 0.0), -r.estimated_saving.get("mac_bytes", 0), -r.estimated_saving.get("kernels", 0))
+    bytes_saved = r.estimated_saving.get("mac_bytes", 0) + max(r.estimated_saving.get("peak_bytes", 0), 0)
+    return (ms is None, -(ms or 0.0), -bytes_saved, -r.estimated_saving.get("kernels", 0))
 
 
 def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,

@@ -14,34 +14,13 @@ import textwrap
 from dataclasses import dataclass, replace
 
 from ..results import ModuleReport, Report, module_and_ancestors
+from ..units import fmt_bytes, fmt_count
 
 DEFAULT_WIDTH = 120  # columns when the output is not a terminal and COLUMNS is not set
-
 
 def terminal_width() -> int:
     """Columns to fit: COLUMNS when set, else the terminal's width, else ``DEFAULT_WIDTH`` (a pipe, a file)."""
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
-
-
-def fmt_count(n: float | int | None, unit: str = "") -> str:
-    """1234567 -> '1.23M' (SI prefixes, three significant digits)."""
-    return "-" if n is None else _prefixed(float(n), ((1, ""), (1e3, "K"), (1e6, "M"), (1e9, "G"), (1e12, "T")), unit)
-
-
-def fmt_bytes(n: float | int | None) -> str:
-    """Bytes with binary prefixes: 1536 -> '1.5 KiB'."""
-    return "-" if n is None else _prefixed(float(n), ((1, " B"), (2**10, " KiB"), (2**20, " MiB"), (2**30, " GiB"),
-                                                      (2**40, " TiB")))
-
-
-def _prefixed(n: float, prefixes: tuple, unit: str = "") -> str:
-    """``n`` in the smallest prefix that shows it in three significant digits without an exponent."""
-    for div, suffix in prefixes:
-        text = f"{n / div:.3g}"
-        if "e+" not in text:  # 1011 KiB would read '1.01e+03 KiB': '0.987 MiB' instead
-            break
-    return f"{text}{suffix}{unit}"
-
 
 def label_lines(rows: list[tuple[str, str]], width: int = DEFAULT_WIDTH) -> list[str]:
     """'label   value' lines, values wrapped at word boundaries under themselves (fuse, prune, distill)."""
@@ -52,19 +31,15 @@ def label_lines(rows: list[tuple[str, str]], width: int = DEFAULT_WIDTH) -> list
         lines += [f"{label:<{indent}}{wrapped[0]}"] + [" " * indent + more for more in wrapped[1:]]
     return lines
 
-
 def input_text(i: dict, times: str = "×") -> str:
     """An input as the report's JSON holds it -> 'attention_mask=1×128 int64'."""
     return f"{i['name'] + '=' if i.get('name') else ''}{times.join(map(str, i['shape']))} {i['dtype']}"
 
-
 def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
-
 def shape_text(s) -> str:
     return "-" if s is None else "×".join(str(d) for d in s)
-
 
 def module_table(report: Report, depth: int = 2, width: int = DEFAULT_WIDTH) -> str:
     """Modules down to ``depth`` as a tree (``├─``/``└─``), each with its subtree's costs, fitted to ``width``."""
@@ -85,7 +60,6 @@ def module_table(report: Report, depth: int = 2, width: int = DEFAULT_WIDTH) -> 
         _Column("out shape", [shape_text(m.out_shape) for _, m in rows], right=True),
     ] + ([_Column("ms", [fmt_ms(m.latency_ms) for _, m in rows], right=True)] if timed else [])
     return _fitted_grid(columns, width, _MODULE_SQUEEZE)
-
 
 def node_table(report: Report, limit: int | None = None, sort: str | None = None, width: int = DEFAULT_WIDTH) -> str:
     """Every node: op, module, category, costs, output shape (optionally the top ``limit`` by ``sort``),
@@ -117,7 +91,6 @@ def node_table(report: Report, limit: int | None = None, sort: str | None = None
         ]
     return _fitted_grid(columns, width, _NODE_SQUEEZE)
 
-
 def totals_lines(report: Report) -> list[str]:
     """The totals block: params, FLOPs, MAC, element ops, intensity, capture."""
     t = report.totals
@@ -139,7 +112,6 @@ def totals_lines(report: Report) -> list[str]:
                      + "  (no FLOP formula; bytes counted)")
     return lines
 
-
 def _memory_line(label: str, memory: dict) -> str:
     at, where = memory["at_peak"], memory["peak_at"]
     parts = ", ".join(f"{fmt_bytes(v)} {k.replace('_', ' ')}" for k, v in at.items() if v)
@@ -147,7 +119,6 @@ def _memory_line(label: str, memory: dict) -> str:
     source = f" at {where['source']}" if where.get("source") else ""
     return (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
             f"{where['op']} of {place}{source}")
-
 
 def memory_lines(report: Report) -> list[str]:
     """Peak memory by tensor lifetime: the inference forward's, and with --train the step's and
@@ -171,8 +142,44 @@ def memory_lines(report: Report) -> list[str]:
         saved = list(step.get("saved_for_backward", {}).items())[:3]
         if saved:
             lines.append("saved      for backward, most by: " + ", ".join(f"{m or '(model)'} {fmt_bytes(b)}" for m, b in saved))
-    return lines
+    return lines + budget_lines(report.memory or {})
 
+
+def budget_lines(memory: dict) -> list[str]:
+    """The memory budget's answers: the largest batch, the checkpointing plan, the what-ifs."""
+    budget = memory.get("budget")
+    if not budget:
+        return []
+    what = budget["for"]
+    if budget.get("max_batch") is None:
+        found = budget.get("reason", "no largest batch")
+    elif budget["max_batch"] == 0:
+        found = f"even batch 1 does not fit: its {what} peaks at {fmt_bytes(budget['next_peak_bytes'])}"
+    else:
+        found = (f"largest batch {budget['max_batch']:,} ({what} peak {fmt_bytes(budget['peak_bytes_at_max'])}; "
+                 f"{budget['max_batch'] + 1:,} needs {fmt_bytes(budget['next_peak_bytes'])}), "
+                 + (f"affine in the batch: {fmt_bytes(budget['per_sample_bytes'])} per sample + "
+                    f"{fmt_bytes(budget['fixed_bytes'])}" if budget["method"] == "affine"
+                    else f"{budget['method']}: {fmt_bytes(budget['per_sample_bytes'])} per sample there")
+                 + f"; {budget['runs']} analyses")
+    lines = [f"budget     {budget['label']}: {found}"]
+    plan = memory.get("checkpoint_plan")
+    if plan:
+        if plan["fits"]:
+            shown = ", ".join(plan["modules"][:4]) + (f" … ({len(plan['modules'])} modules)" if len(plan["modules"]) > 4 else "")
+            lines.append(f"checkpoint {shown}: peak {fmt_bytes(plan['peak_bytes'])} (re-analysed), recompute "
+                         f"+{fmt_count(plan['recompute_flops'])} multiply-adds; code in --json (memory.checkpoint_plan.code)")
+        else:
+            lines.append(f"checkpoint nothing fits {budget['label']}: {plan['reason']} "
+                         f"(smallest peak {fmt_bytes(plan['smallest_peak_bytes'])})")
+    ifs = [w for w in memory.get("what_ifs", []) if "peak_delta" in w]
+    if ifs:
+        def delta(w: dict) -> str:
+            sign = "-" if w["peak_delta"] < 0 else "+"
+            flops = f", {'+' if w['flops_delta'] > 0 else '-'}{fmt_count(abs(w['flops_delta']))} multiply-adds" if w["flops_delta"] else ""
+            return f"{w['change']} {sign}{fmt_bytes(abs(w['peak_delta']))}{flops}"
+        lines.append("what if    peak " + "; ".join(delta(w) for w in sorted(ifs, key=lambda w: w["peak_delta"])))
+    return lines
 
 def _phase_table(step: dict) -> list[str]:
     """The step's multiply-adds and bytes moved per phase, the backward split by gradient."""
@@ -185,7 +192,6 @@ def _phase_table(step: dict) -> list[str]:
     width = max(len(r[0]) for r in rows)
     return [f"           {'phase':<{width}}  {'multiply-adds':>13}  {'bytes moved':>11}"] + [
         f"           {name:<{width}}  {fmt_count(flops):>13}  {fmt_bytes(mac):>11}" for name, flops, mac in rows]
-
 
 def latency_lines(report: Report) -> list[str]:
     """Measured and predicted latency: end to end, per-layer sum and the gap, roofline fit."""
@@ -231,7 +237,6 @@ def latency_lines(report: Report) -> list[str]:
                 for n in worst))
     return lines
 
-
 def fmt_saving(saving: dict) -> str:
     """{'mac_bytes': 1048576, 'kernels': 3} -> '1 MiB, 3 kernels'."""
     parts = []
@@ -245,7 +250,6 @@ def fmt_saving(saving: dict) -> str:
         else:
             parts.append(f"{fmt_count(value)} {key}")
     return ", ".join(parts) or "-"
-
 
 def findings_table(report: Report, limit: int = 20, width: int = DEFAULT_WIDTH) -> str:
     """Findings, most severe and largest saving first: severity, rule, where, finding, saving, fix.
@@ -276,7 +280,6 @@ def findings_table(report: Report, limit: int = 20, width: int = DEFAULT_WIDTH) 
     summary = "findings   " + ", ".join(f"{n} {sev}" for sev, n in counts.items())
     return "\n".join([table] + ([f"... and {more} more (--json lists all)"] if more > 0 else []) + [summary])
 
-
 def render_text(report: Report, depth: int = 2, per_node: bool = False, findings: bool = True,
                 width: int = DEFAULT_WIDTH) -> str:
     """The full terminal report, every line fitted to ``width`` columns (``terminal_width()`` in the CLI)."""
@@ -288,26 +291,28 @@ def render_text(report: Report, depth: int = 2, per_node: bool = False, findings
         parts += ["", *recommendation_lines(report, width=width)]
     return "\n".join(parts)
 
-
-_BASIS = {"measured": "measured", "predicted": "roofline prediction", "mac": "bytes moved; no time estimate"}
-
+_BASIS = {"measured": "measured", "predicted": "roofline prediction", "mac": "bytes moved; no time estimate",
+          "analysed": "peak re-analysed"}
 
 def fmt_recommendation_says(saving: dict, basis: str, verified: bool | None) -> str:
     """'saves 1.200 ms, 19 MiB (measured; verified)', or 'saving not estimated'."""
     text = fmt_recommendation_saving(saving)
     return f"saves {text} ({_BASIS.get(basis, basis)}{'; verified' if verified else ''})" if text else "saving not estimated"
 
-
 def fmt_recommendation_saving(saving: dict) -> str:
     """{'ms': 1.2, 'mac_bytes': ..., 'kernels': 20} -> '1.200 ms, 19 MiB, 20 kernels'."""
     parts = [f"{saving['ms']:.3f} ms"] if saving.get("ms") else []
     if saving.get("mac_bytes"):
         parts.append(fmt_bytes(saving["mac_bytes"]))
+    if saving.get("peak_bytes"):
+        parts.append(f"{fmt_bytes(saving['peak_bytes'])} off the peak" if saving["peak_bytes"] > 0
+                     else f"{fmt_bytes(-saving['peak_bytes'])} more at the peak")
     for key in ("kernels", "params", "flops"):
-        if saving.get(key):
+        if saving.get(key, 0) > 0:
             parts.append(f"{fmt_count(saving[key])} {key}")
+        elif saving.get(key, 0) < 0:
+            parts.append(f"costs {fmt_count(-saving[key])} {'multiply-adds' if key == 'flops' else key}")
     return ", ".join(parts)
-
 
 def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WIDTH) -> list[str]:
     """The top ``limit`` recommendations, numbered: kind, saving and basis, reason, the command that applies it."""
@@ -319,14 +324,13 @@ def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WI
         says = fmt_recommendation_says(r.estimated_saving, r.basis, r.verified)
         body = _wrap_prose(f"{r.kind}: {says}. {r.reason}", width - 3)
         lines += [f"{i}. {body[0]}"] + ["   " + line for line in body[1:]]
-        lines += ["   " + line for line in _wrap_prose(f"apply: {r.apply}", width - 3)]
+        for i, code in enumerate(r.apply.split("\n")):  # a recommendation's code may be several lines
+            lines += ["   " + line for line in _wrap_prose(("apply: " if i == 0 else "       ") + code, width - 3)]
     return lines
-
 
 # --- fitting the tables to a width -----------------------------------------------------------------
 
 _GAP = "  "  # between columns
-
 
 @dataclass(frozen=True)
 class _Column:
@@ -336,7 +340,6 @@ class _Column:
     cells: list[str]
     right: bool = False     # numbers align right
     seps: str | None = None  # a dotted name, abbreviated from the left before these characters when narrow
-
 
 # Squeeze steps, tried in order while a table is wider than the terminal: (header, None) leaves the
 # column out, (header, n) abbreviates its names to n characters. The order is the columns' importance,
@@ -356,7 +359,6 @@ _FINDING_LAYOUTS = (
 )
 _PROSE = {"finding", "fix"}    # columns that take the width the others leave, wrapped at word boundaries
 _PROSE_MIN, _PROSE_MAX, _SAVING_MAX = 40, 60, 16
-
 
 def _tree(modules: list[ModuleReport], model: str) -> list[tuple[str, ModuleReport]]:
     """Modules in tree order, each with its label: the model's name, then '├─ layer1', '│  └─ 0', ..."""
@@ -381,7 +383,6 @@ def _tree(modules: list[ModuleReport], model: str) -> list[tuple[str, ModuleRepo
     width = max([24] + [len(label) for label, m in rows if m.path])
     return [(label if m.path else _abbrev(model, width, "/"), m) for label, m in rows]
 
-
 def _fitted_grid(columns: list[_Column], width: int, squeeze: tuple) -> str:
     """The table after as many ``squeeze`` steps as it takes to fit ``width``, naming the columns left out."""
     columns = list(columns)
@@ -400,7 +401,6 @@ def _fitted_grid(columns: list[_Column], width: int, squeeze: tuple) -> str:
     if left_out:
         lines += textwrap.wrap(f"(left out to fit {width} columns: {', '.join(left_out)}; --json has every value)", width)
     return "\n".join(lines)
-
 
 def _findings_grid(rows: list[dict], width: int) -> str:
     """The findings in the widest of ``_FINDING_LAYOUTS`` whose prose columns still get ``_PROSE_MIN`` characters."""
@@ -421,7 +421,6 @@ def _findings_grid(rows: list[dict], width: int) -> str:
                for fields in layout]
     return "\n".join(_grid(columns))
 
-
 def _finding_cell(row: dict, fields: tuple[str, ...], width: int) -> str:
     """One findings cell: ``fields`` stacked, each wrapped to ``width``; stacked ones after the first are labelled."""
     lines = []
@@ -434,13 +433,11 @@ def _finding_cell(row: dict, fields: tuple[str, ...], width: int) -> str:
         lines += _FIELD_LINES[field](row, text, width)
     return "\n".join(lines)
 
-
 def _where_lines(row: dict, _text: str, width: int) -> list[str]:
     """Module path (wrapped after dots) with '(+N like it)', then the source 'file:line', whole, shortened from the left."""
     module = " ".join(x for x in (row["module"], row["like"]) if x)
     lines = [module] if len(module) <= width else _wrap_at(row["module"], width, ".") + ([row["like"]] if row["like"] else [])
     return lines + ([_abbrev(row["source"], width, "/")] if row["source"] else [])
-
 
 _FIELD_LINES = {
     "severity": lambda row, text, width: [text],
@@ -450,7 +447,6 @@ _FIELD_LINES = {
     "saving": lambda row, text, width: _wrap_at(text, width, ", "),
     "fix": lambda row, text, width: _wrap_prose(text, width),
 }
-
 
 def _grid(columns: list[_Column]) -> list[str]:
     """Aligned rows under the headers and a dashed rule; a cell of several lines makes its row that tall.
@@ -468,14 +464,11 @@ def _grid(columns: list[_Column]) -> list[str]:
             lines.append(line([cl[k] if k < len(cl) else "" for cl in cell_lines]))
     return lines
 
-
 def _grid_width(columns: list[_Column]) -> int:
     return sum(_cell_width(c.header, *c.cells) for c in columns) + len(_GAP) * (len(columns) - 1)
 
-
 def _cell_width(*cells: str) -> int:
     return max(len(line) for cell in cells for line in cell.split("\n"))
-
 
 def _abbrev(text: str, width: int, seps: str | None) -> str:
     """'a/b/c/d.py:12' -> '…/c/d.py:12': the whole trailing parts, split before any of ``seps``, that fit
@@ -489,7 +482,6 @@ def _abbrev(text: str, width: int, seps: str | None) -> str:
         tail = part + tail
     return "…" + tail if parts else text
 
-
 def _wrap_at(text: str, width: int, sep: str) -> list[str]:
     """Lines of at most ``width`` characters broken only after ``sep``; a longer piece stays whole."""
     *pieces, last = text.split(sep)
@@ -499,7 +491,6 @@ def _wrap_at(text: str, width: int, sep: str) -> list[str]:
             lines.append("")
         lines[-1] += piece
     return [line.rstrip() for line in lines]
-
 
 def _wrap_prose(text: str, width: int) -> list[str]:
     """Words wrapped to ``width``; a word longer than that (a dotted call, a path) is broken after its dots or slashes."""
@@ -514,9 +505,7 @@ def _wrap_prose(text: str, width: int) -> list[str]:
             lines[-1] += glue + piece
     return [line for line in lines if line]
 
-
 _UNIT_SPACE = re.compile(r"(?<=\d) (?=(?:[KMGT]iB|B|ms)\b)")  # between a number and its unit
-
 
 def _hang(lines: list[str], width: int) -> list[str]:
     """'label      text' lines wrapped at word boundaries, continuation lines under the text."""

@@ -1,0 +1,50 @@
+"""Named GPUs: the memory a budget (``--memory h100``) stands for.
+
+Memory sizes are the datasheets' figures, read as binary units the way HBM is built (an H100's
+80 GB is 80 GiB of HBM3). CUDA keeps part of it for its context and the caching allocator rounds
+each block, so what a process can hold is somewhat less: ``torch.cuda.mem_get_info()`` says how
+much on the machine itself, and an exact size (``--memory 78GiB``) can always be given instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int
+    source: str
+
+
+# name -> GPU; the first name of each line is the one reports use.
+_TABLE = [
+    (("h100", "h100-sxm"), 80, "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80 GB)"),
+    (("h100-pcie",), 80, "NVIDIA H100 Tensor Core GPU datasheet (PCIe 80 GB)"),
+    (("h100-nvl",), 94, "NVIDIA H100 NVL datasheet (94 GB)"),
+    (("h200",), 141, "NVIDIA H200 Tensor Core GPU datasheet (141 GB)"),
+    (("b200",), 180, "NVIDIA HGX B200 datasheet (180 GB per GPU)"),
+    (("a100-80gb", "a100"), 80, "NVIDIA A100 Tensor Core GPU datasheet (80 GB)"),
+    (("a100-40gb",), 40, "NVIDIA A100 Tensor Core GPU datasheet (40 GB)"),
+    (("l40s",), 48, "NVIDIA L40S datasheet (48 GB)"),
+    (("l40",), 48, "NVIDIA L40 datasheet (48 GB)"),
+    (("l4",), 24, "NVIDIA L4 datasheet (24 GB)"),
+    (("a10", "a10g"), 24, "NVIDIA A10 datasheet (24 GB)"),
+    (("t4",), 16, "NVIDIA T4 datasheet (16 GB)"),
+    (("v100-32gb", "v100"), 32, "NVIDIA V100 datasheet (32 GB)"),
+    (("v100-16gb",), 16, "NVIDIA V100 datasheet (16 GB)"),
+    (("rtx4090",), 24, "NVIDIA GeForce RTX 4090 specifications (24 GB)"),
+    (("rtx3090",), 24, "NVIDIA GeForce RTX 3090 specifications (24 GB)"),
+    (("a6000", "rtx-a6000"), 48, "NVIDIA RTX A6000 datasheet (48 GB)"),
+    (("mi300x",), 192, "AMD Instinct MI300X datasheet (192 GB)"),
+]
+
+GPUS: dict[str, GPU] = {alias: GPU(names[0], gib * GiB, source) for names, gib, source in _TABLE for alias in names}
+
+
+def gpu(name: str) -> GPU | None:
+    """The GPU of that name (case and ``_``/`` `` ignored: 'H100', 'a100_40gb'), or None."""
+    return GPUS.get(name.strip().lower().replace("_", "-").replace(" ", "-"))

@@ -1,0 +1,350 @@
+"""Memory budgets: the largest batch whose peak fits, activation-checkpointing plans, what-ifs.
+
+Every figure here is a peak that was analysed, never one extrapolated and left unchecked:
+
+* **The largest batch** (``largest_batch``): the peak is affine in the batch for most models, so
+  batches 1, 2 and 3 give its slope and intercept and the answer; the answer and the answer + 1
+  are then analysed (the first must fit, the second must not). A model whose peak is not affine
+  (or whose check fails) is searched instead: doubling, then bisection.
+* **Checkpoint plans** (``checkpoint_plan``): the candidates are the blocks of the model's
+  repeated runs (``blocks``), each with the bytes it frees at the peak (what its forward saved for
+  the backward, less its output, which the next block keeps) and the multiply-adds its recompute
+  costs. Plans are prefixes of one order, most bytes freed per multiply-add first, so a larger
+  budget never gets more recompute; the plan is the shortest prefix whose peak, re-analysed with
+  those modules under ``torch.utils.checkpoint`` (non-reentrant), fits.
+* **What-ifs** (``what_ifs``): the step re-analysed with one change each, with its exact deltas.
+
+The functions take the analysis as a callable (``peak_of(batch)``, ``step(options, dtype,
+specs)``): the orchestrator decides how a figure is made (fake tensors; the captured graph).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..errors import ArchscanError
+from ..gpus import GPUS, gpu
+from ..loading import InputSpec
+from ..units import fmt_bytes
+from .train import TrainOptions
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+MAX_BATCH = 1 << 40  # past this the peak is taken not to grow with the batch
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: its bytes and how the user named it ('80 GiB (h100)', '24 GB')."""
+
+    bytes: int
+    label: str
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "label": self.label}
+
+
+def parse_budget(text: str) -> Budget:
+    """'80GiB', '24GB', '1.5TB', '512MiB' (GB = 10⁹ bytes, GiB = 2³⁰), or a GPU name from
+    ``archscan.gpus`` ('h100', 'a100-40gb', 'l4')."""
+    named = gpu(text)
+    if named is not None:
+        return Budget(named.memory_bytes, f"{named.memory_bytes / (1 << 30):g} GiB ({named.name})")
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", text or "")
+    if not found or found.group(2).lower() not in _UNITS:
+        names = ", ".join(sorted({g.name for g in GPUS.values()}))
+        raise ArchscanError(f"cannot read --memory {text!r}",
+                            hint=f"give a size with its unit (80GiB, 24GB, 512MiB) or a GPU: {names}")
+    size = int(float(found.group(1)) * _UNITS[found.group(2).lower()])
+    if size <= 0:
+        raise ArchscanError(f"--memory {text!r} is no memory at all", hint="give a size above zero: 80GiB, 24GB")
+    return Budget(size, f"{found.group(1)} {found.group(2)}")
+
+
+def batched(specs: Sequence[InputSpec], batch: int) -> list[InputSpec]:
+    """The inputs with their first dimension (the batch) set to ``batch``."""
+    return [replace(s, shape=(batch, *s.shape[1:])) for s in specs]
+
+
+def check_batchable(specs: Sequence[InputSpec]) -> None:
+    """One line, before any analysis, when an input has no dimension for the batch to grow."""
+    flat = [i for i, s in enumerate(specs, 1) if not s.shape]
+    if not specs or flat:
+        raise ArchscanError(
+            "--memory grows the batch, the first dimension of every input, and "
+            + (f"input {flat[0]} is a scalar" if flat else "the model takes no input"),
+            hint="give each input its batch dimension (--input 1,3,224,224)")
+
+
+def check_weights_fit(weights_bytes: int, budget: Budget, what: str = "the parameters") -> None:
+    if weights_bytes > budget.bytes:
+        raise ArchscanError(f"{what} alone need {fmt_bytes(weights_bytes)}, more than the budget of {budget.label}",
+                            hint="give a larger --memory, a lower --dtype, or freeze more (--train --freeze)")
+
+
+def largest_batch(peak_of: Callable[[int], int], budget: int) -> dict:
+    """The largest batch whose peak fits in ``budget`` bytes: ``{"max_batch", "peak_bytes_at_max",
+    "next_peak_bytes" (the batch after it), "method" ("affine" | "search"), "per_sample_bytes" and
+    "fixed_bytes" (when affine), "runs"}``; ``max_batch`` 0 when batch 1 does not fit, None when the
+    peak does not grow with the batch."""
+    peaks: dict[int, int] = {}
+
+    def peak(batch: int) -> int:
+        if batch not in peaks:
+            peaks[batch] = peak_of(batch)
+        return peaks[batch]
+
+    p1, p2, p3 = peak(1), peak(2), peak(3)
+    slope = p2 - p1
+    affine = slope > 0 and p3 - p2 == slope
+
+    def answer(batch: int, method: str) -> dict:
+        nxt = peak(batch + 1)
+        return {"max_batch": batch, "peak_bytes_at_max": peaks.get(batch), "next_peak_bytes": nxt, "method": method,
+                "per_sample_bytes": nxt - peaks[batch] if batch else slope,
+                **({"fixed_bytes": p1 - slope} if method == "affine" else {}), "runs": len(peaks)}
+
+    if p1 > budget:
+        return answer(0, "affine" if affine else "search")
+    if p3 <= p1:
+        return {"max_batch": None, "peak_bytes_at_max": None, "method": "search", "runs": len(peaks),
+                "reason": "the peak does not grow with the batch"}
+    # From the line through batches 2 and 3, Newton steps on the local slope: exact at once where the
+    # peak is affine, a few steps where it is piecewise affine (the peak moves to another layer as the
+    # batch grows, or a kernel's scratch changes with it)
+    guess = max(1, 3 + (budget - p3) // (p3 - p2)) if p3 > p2 else 3
+    for step in range(8):
+        if guess > MAX_BATCH:
+            break
+        if peak(guess) <= budget < peak(guess + 1):
+            return answer(guess, "affine" if affine and step == 0 else "piecewise")
+        local = peak(guess + 1) - peak(guess)
+        nxt = max(1, guess + (budget - peak(guess)) // local) if local > 0 else guess
+        if nxt == guess:
+            break
+        guess = nxt
+    fits = max(b for b, p in peaks.items() if p <= budget)
+    over = min((b for b, p in peaks.items() if p > budget and b > fits), default=None)
+    while over is None:
+        trial = fits * 2
+        if trial > MAX_BATCH:
+            return {"max_batch": None, "peak_bytes_at_max": None, "method": "search", "runs": len(peaks),
+                    "reason": f"the peak stays under the budget past a batch of {MAX_BATCH:,}"}
+        if peak(trial) <= budget:
+            fits = trial
+        else:
+            over = trial
+    while over - fits > 1:
+        mid = (fits + over) // 2
+        if peak(mid) <= budget:
+            fits = mid
+        else:
+            over = mid
+    return answer(fits, "search")
+
+
+# --- checkpoint plans ------------------------------------------------------------------------------
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def blocks(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(blocks, stages): the members of the model's outermost repeated runs — two or more
+    consecutive children of one class that have children of their own (not a generic container) —
+    and the modules with a forward of their own that hold such runs (a ResNet's ``layer1``)."""
+    found, stages = [], []
+
+    def walk(module: nn.Module, path: str) -> None:
+        children = list(module.named_children())
+        i, in_run = 0, set()
+        while i < len(children):
+            j = i
+            cls = type(children[i][1])
+            while j + 1 < len(children) and type(children[j + 1][1]) is cls:
+                j += 1
+            if j > i and not issubclass(cls, _CONTAINERS) and any(True for _ in children[i][1].children()):
+                for name, _ in children[i:j + 1]:
+                    found.append(f"{path}.{name}" if path else name)
+                    in_run.add(name)
+                if path and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+                    stages.append(path)
+            i = j + 1
+        for name, child in children:
+            if name not in in_run:
+                walk(child, f"{path}.{name}" if path else name)
+
+    walk(model, "")
+    return found, sorted(set(stages), key=stages.index)
+
+
+def candidates(model: nn.Module, step: dict) -> list[dict]:
+    """Each block and stage with ``freed_bytes`` (what its forward saved for the backward, less
+    its output, which the module after it keeps) and ``recompute_flops`` (its forward's
+    multiply-adds), from the analysed ``step`` (``train_step``'s result)."""
+    saved, outputs, modules = step["saved_for_backward"], step.get("saved_outputs", {}), step["modules"]
+    block_paths, stage_paths = blocks(model)
+
+    def under(path: str, table: dict) -> int:
+        return sum(v for m, v in table.items() if m == path or m.startswith(path + "."))
+
+    rows = []
+    for kind, paths in (("block", block_paths), ("stage", stage_paths)):
+        for path in paths:
+            freed = under(path, saved) - outputs.get(path, 0)
+            flops = sum(v["forward"] for m, v in modules.items() if m == path or m.startswith(path + "."))
+            rows.append({"module": path, "kind": kind, "freed_bytes": max(freed, 0), "recompute_flops": flops})
+    return rows
+
+
+def _predicted(step: dict, chosen: list[dict]) -> int:
+    """The peak with ``chosen`` checkpointed, as the saved bytes go: the forward/backward peak less
+    what they free, plus one block's recomputed activations; never below the optimizer's peak."""
+    phases = step.get("phase_peaks", {})
+    peak = step["memory"]["peak_bytes"]
+    if step["memory"]["peak_at"]["phase"] == "optimizer" or not chosen:
+        return peak
+    freed = [c["freed_bytes"] for c in chosen]
+    return max(phases.get("optimizer", 0), peak - sum(freed) + max(freed))
+
+
+def checkpoint_plan(step: dict, rows: list[dict], budget: int,
+                    analyse: Callable[[tuple[str, ...]], dict], max_runs: int = 8) -> dict:
+    """The plan that fits ``budget`` with the least recompute: the shortest prefix of the blocks
+    (most bytes freed per multiply-add first) whose re-analysed peak (``analyse(paths)`` returns
+    the step with those modules checkpointed) fits. When none does: the smallest peak reached, by
+    every block or by every stage."""
+    order = sorted((r for r in rows if r["kind"] == "block" and r["freed_bytes"] > 0),
+                   key=lambda r: (-r["freed_bytes"] / max(r["recompute_flops"], 1), rows.index(r)))
+    tried: dict[int, dict] = {}
+
+    def run(k: int) -> dict:
+        if k not in tried:
+            tried[k] = analyse(tuple(r["module"] for r in order[:k]))
+        return tried[k]
+
+    def fits(k: int) -> bool:
+        return run(k)["memory"]["peak_bytes"] <= budget
+
+    def plan(k: int) -> dict:
+        got = run(k)
+        return {"modules": [r["module"] for r in order[:k]], "peak_bytes": got["memory"]["peak_bytes"],
+                "recompute_flops": got["phases"]["recompute"]["flops"], "budget_bytes": budget, "fits": True,
+                "runs": len(tried)}
+
+    if order:
+        k = next((k for k in range(1, len(order) + 1) if _predicted(step, order[:k]) <= budget), len(order))
+        while len(tried) < max_runs:
+            if fits(k):
+                if k == 1 or (k - 1 in tried and not fits(k - 1)):
+                    return plan(k)
+                k -= 1
+            elif k == len(order) or (k + 1 in tried and fits(k + 1)):
+                break
+            else:
+                k += 1
+        good = [k for k in tried if fits(k)]
+        if good:
+            return plan(min(good))
+    smallest = [run(len(order))["memory"]["peak_bytes"]] if order else []
+    stages = tuple(r["module"] for r in rows if r["kind"] == "stage")
+    if stages:
+        by_stage = analyse(stages)
+        smallest.append(by_stage["memory"]["peak_bytes"])
+        if by_stage["memory"]["peak_bytes"] <= budget:
+            return {"modules": list(stages), "peak_bytes": by_stage["memory"]["peak_bytes"],
+                    "recompute_flops": by_stage["phases"]["recompute"]["flops"], "budget_bytes": budget,
+                    "fits": True, "runs": len(tried) + 1}
+    least = min(smallest, default=step["memory"]["peak_bytes"])
+    return {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget, "fits": False,
+            "smallest_peak_bytes": least, "runs": len(tried) + bool(stages),
+            "reason": ("no checkpointing fits: the peak is in the optimizer step" if step["memory"]["peak_at"]["phase"] == "optimizer"
+                       else f"checkpointing every block{' or stage' if stages else ''} reaches {fmt_bytes(least)} at best")}
+
+
+def checkpoint_code(paths: Sequence[str]) -> str:
+    """The Python that applies a plan to ``model``, as archscan analysed it: two lines."""
+    listed = ", ".join(repr(p) for p in paths)
+    return ("import functools, torch.utils.checkpoint as cp\n"
+            f"for path in [{listed}]: m = model.get_submodule(path); "
+            "m.forward = functools.partial(cp.checkpoint, m.forward, use_reentrant=False)")
+
+
+# --- what-ifs --------------------------------------------------------------------------------------
+
+def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs: Sequence[InputSpec],
+             run: Callable[[TrainOptions, torch.dtype | None, Sequence[InputSpec]], dict], model: nn.Module,
+             rows: Sequence[dict] = ()) -> list[dict]:
+    """The step re-analysed with one change each: ``{"change", "peak_bytes", "peak_delta",
+    "flops_delta", "apply"}`` (``error`` instead when the change does not run)."""
+    base_peak = step["memory"]["peak_bytes"]
+    base_flops = sum(p["flops"] for p in step["phases"].values())
+    changes: list[tuple[str, TrainOptions, torch.dtype | None, Sequence[InputSpec], str]] = []
+    if options.amp is None:
+        changes.append(("bf16 autocast", replace(options, amp="bf16"), dtype, specs, "--amp bf16"))
+    if dtype in (None, torch.float32):
+        changes.append(("bf16 parameters", options, torch.bfloat16, specs, "--dtype bf16"))
+    for impl in ("for-loop", "foreach", "fused"):
+        if impl != (options.impl or "foreach"):
+            changes.append((f"{impl} optimizer", replace(options, impl=impl), dtype, specs,
+                            f"--optimizer {options.optimizer}:{impl}"))
+    if options.set_to_none:
+        changes.append(("zero_grad(set_to_none=False)", replace(options, set_to_none=False), dtype, specs,
+                        "optimizer.zero_grad(set_to_none=False)"))
+    prefix = _half_prefix(model, rows, options.freeze)
+    if prefix:
+        flags = " ".join(f"--freeze {p}" for p in prefix)
+        changes.append((f"freeze {prefix[0]} … {prefix[-1]} ({len(prefix)} modules, half the parameters)" if len(prefix) > 1
+                        else f"freeze {prefix[0]}", replace(options, freeze=options.freeze + tuple(prefix)), dtype, specs, flags))
+    batch = specs[0].shape[0] if specs and specs[0].shape else 1
+    if batch >= 2 and batch % 2 == 0:
+        changes.append((f"gradient accumulation: 2 steps of batch {batch // 2}", replace(options, set_to_none=False),
+                        dtype, batched(specs, batch // 2), f"--input batch {batch // 2}, 2 accumulation steps"))
+    if not options.inplace and any(getattr(m, "inplace", None) is False for m in model.modules()):
+        changes.append(("activations in place", replace(options, inplace=True), dtype, specs,
+                        "inplace=True on the activation modules"))
+    out = []
+    for change, opts, dt, sp, apply in changes:
+        try:
+            got = run(opts, dt, sp)
+        except ArchscanError as exc:
+            out.append({"change": change, "error": str(exc), "apply": apply})
+            continue
+        peak = got["memory"]["peak_bytes"]
+        flops = sum(p["flops"] for p in got["phases"].values())
+        if change.startswith("gradient accumulation"):  # two micro-steps' forward and backward, one optimizer step
+            flops = 2 * (flops - got["phases"]["optimizer"]["flops"]) + got["phases"]["optimizer"]["flops"]
+        out.append({"change": change, "peak_bytes": peak, "peak_delta": peak - base_peak,
+                    "flops_delta": flops - base_flops, "apply": apply})
+    return out
+
+
+def _half_prefix(model: nn.Module, rows: Sequence[dict], frozen: Sequence[str]) -> list[str]:
+    """The module paths, in order, from the first until half the trainable parameters: the blocks
+    of the repeated runs and the model's other top-level children."""
+    block_paths = [r["module"] for r in rows if r["kind"] == "block"]
+    units, seen = [], set()
+    for name, _ in model.named_children():
+        inside = [b for b in block_paths if b == name or b.startswith(name + ".")]
+        for unit in inside or [name]:
+            if unit not in seen:
+                units.append(unit)
+                seen.add(unit)
+    counts = {u: sum(p.numel() for p in model.get_submodule(u).parameters() if p.requires_grad) for u in units}
+    counts = {u: n for u, n in counts.items() if n and not any(u == f or u.startswith(f + ".") for f in frozen)}
+    total, taken, out = sum(counts.values()), 0, []
+    for unit, n in counts.items():
+        if taken + n > total / 2 and out:
+            break
+        out.append(unit)
+        taken += n
+    return out if len(out) < len(counts) else []
+
+
+__all__ = ["Budget", "parse_budget", "batched", "check_batchable", "check_weights_fit", "largest_batch", "blocks",
+           "candidates", "checkpoint_plan", "checkpoint_code", "what_ifs"]
+
