@@ -31,7 +31,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
          recommend: bool = True, train: TrainOptions | bool | None = None,
-         memory: str | int | None = None) -> Report:
+         memory: str | int | None = None, what_ifs: bool = False) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -53,8 +53,11 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             optimizer and implementation, autocast, frozen prefixes): ``report.training_step``.
         memory: a memory budget ('80GiB', '24GB', a GPU name such as 'h100', or bytes): the largest
             batch whose peak fits (the training step's with ``train``), and with ``train`` an
-            activation-checkpointing plan and what-ifs (``report.memory["budget"]``,
-            ``["checkpoint_plan"]``, ``["what_ifs"]``; ``archscan.memory.budget``).
+            activation-checkpointing plan (``report.memory["budget"]``, ``["checkpoint_plan"]``;
+            ``archscan.memory.budget``).
+        what_ifs: with ``train``: the step re-analysed with one change each (bf16 autocast, bf16
+            parameters, each optimizer implementation, ``zero_grad(set_to_none=False)``, a frozen
+            half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -71,10 +74,12 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if train is not None:
         check_trainable(target)
     budget = _budget(memory, specs)
+    if what_ifs and train is None:
+        raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
     try:
         with seeded_rng():
             return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend,
-                         train, budget)
+                         train, budget, what_ifs)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
 
@@ -127,9 +132,10 @@ def _budget(memory: str | int | None, specs) -> "Budget | None":
     return parse_budget(str(memory))
 
 
-def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptions | None, budget) -> Report:
-    """``report.memory`` with the largest batch that fits ``budget`` and, for a training step, the
-    checkpointing plan and the what-ifs (``archscan.memory.budget``)."""
+def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptions | None, budget,
+                 what_ifs: bool = False) -> Report:
+    """``report.memory`` with the largest batch that fits ``budget`` (when there is one) and, for a
+    training step, the checkpointing plan and the what-ifs asked for (``archscan.memory.budget``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .building import build_fake
@@ -137,7 +143,8 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
 
     model = build_fake(target, kwargs, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    mb.check_weights_fit(weights, budget)
+    if budget is not None:
+        mb.check_weights_fit(weights, budget)
     section: dict = {}
     if train is not None:
         step = report.training_step
@@ -145,17 +152,24 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
             raise ArchscanError("--memory searches the batch on fake tensors, and this training step needs tensor values",
                                 hint="scan without --memory; the step's peak is in the report")
 
-        def run(options: TrainOptions, dt, sp) -> dict:
-            return train_step(target, sp, options, kwargs, dt)
+        def run(options: TrainOptions, dt, sp) -> dict:  # one fake model for every step in the model's dtype
+            return train_step(target, sp, options, kwargs, dt, model=model if dt == dtype else None)
 
-        found = mb.largest_batch(lambda b: run(train, dtype, mb.batched(specs, b))["memory"]["peak_bytes"], budget.bytes)
+        def peak_of(batch: int) -> tuple[int, dict]:
+            got = run(train, dtype, mb.batched(specs, batch))
+            return got["memory"]["peak_bytes"], got["phase_peaks"]
+
         rows = mb.candidates(model, step)
+        if what_ifs:
+            section["what_ifs"] = mb.what_ifs(step, train, dtype, specs, run, model, rows)
+        if budget is None:
+            return dataclasses.replace(report, memory={**(report.memory or {}), **section})
+        found = mb.largest_batch(peak_of, budget.bytes)
         section["checkpoint_candidates"] = rows
         if step["memory"]["peak_bytes"] > budget.bytes:
             plan = mb.checkpoint_plan(step, rows, budget.bytes,
                                       lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs))
             section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"])} if plan["modules"] else {})}
-        section["what_ifs"] = mb.what_ifs(step, train, dtype, specs, run, model, rows)
     else:
         def peak_of(batch: int) -> int:
             got = forward_memory(model, mb.batched(specs, batch), dtype)
@@ -172,7 +186,7 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
-          train: TrainOptions | None = None, budget=None) -> Report:
+          train: TrainOptions | None = None, budget=None, what_ifs: bool = False) -> Report:
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -192,8 +206,8 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         raise
     if train is not None:
         report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
-    if budget is not None:
-        report = _with_budget(report, target, specs, kwargs, dtype, train, budget)
+    if budget is not None or what_ifs:
+        report = _with_budget(report, target, specs, kwargs, dtype, train, budget, what_ifs)
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 

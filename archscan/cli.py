@@ -41,7 +41,8 @@ def scan_cmd(
     train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (sum of the outputs), backward, optimizer step; its costs and peak memory")] = False,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
     freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
-    memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan and what-ifs")] = None,
+    memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan")] = None,
+    what_if: Annotated[bool, typer.Option("--what-if", help="with --train: the step re-analysed with one change each (bf16, optimizer implementations, set_to_none=False, a frozen half, gradient accumulation, in-place)")] = False,
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
@@ -61,7 +62,7 @@ def scan_cmd(
     if needs_measure and not measure:
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure (or --train for --amp)")
     needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze),
-                                            ("--memory-snapshot", memory_snapshot)) if given]
+                                            ("--memory-snapshot", memory_snapshot), ("--what-if", what_if)) if given]
     if needs_train and not train:
         raise ArchscanError(f"{', '.join(needs_train)} only applies to a training step", hint="add --train")
     if train and measure and amp:
@@ -110,7 +111,8 @@ def scan_cmd(
         try:
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
-                                        profile=profile, train=training, memory=memory), None
+                                        profile=profile, train=training, memory=memory,
+                                        what_ifs=what_if), None
         except DeviceError as exc:
             if exc.report is None:
                 raise

@@ -42,7 +42,7 @@ def forward_peak(model: torch.nn.Module, inputs: list) -> int:
 
 
 def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
-              amp: str | None = None) -> int:
+              amp: str | None = None, set_to_none: bool = True) -> int:
     """Peak bytes of a steady-state training step as archscan runs it (archscan.memory.train):
     forward (under autocast with ``amp``), loss = sum of the floating outputs that require grad,
     the outputs released before backward, optimizer step, zero_grad(set_to_none=True)."""
@@ -61,11 +61,12 @@ def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", im
         loss.backward()
         del loss
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
 
     step()
     state = [v for s in opt.state.values() for v in s.values()]
-    resident = _resident([*model.parameters(), *model.buffers(), *inputs, *state])
+    grads = [p.grad for p in params if p.grad is not None]
+    resident = _resident([*model.parameters(), *model.buffers(), *inputs, *state, *grads])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     return resident + _allocations_peak(prof)

@@ -87,16 +87,20 @@ def check_weights_fit(weights_bytes: int, budget: Budget, what: str = "the param
                             hint="give a larger --memory, a lower --dtype, or freeze more (--train --freeze)")
 
 
-def largest_batch(peak_of: Callable[[int], int], budget: int) -> dict:
-    """The largest batch whose peak fits in ``budget`` bytes: ``{"max_batch", "peak_bytes_at_max",
+def largest_batch(peak_of: Callable[[int], int | tuple[int, dict]], budget: int) -> dict:
+    """The largest batch whose peak fits in ``budget`` bytes (``peak_of(batch)``: the peak, or the
+    peak and each phase's peak, whose lines give a better first guess where the peak moves from
+    one phase to another): ``{"max_batch", "peak_bytes_at_max",
     "next_peak_bytes" (the batch after it), "method" ("affine" | "search"), "per_sample_bytes" and
     "fixed_bytes" (when affine), "runs"}``; ``max_batch`` 0 when batch 1 does not fit, None when the
     peak does not grow with the batch."""
     peaks: dict[int, int] = {}
+    phases: dict[int, dict] = {}
 
     def peak(batch: int) -> int:
         if batch not in peaks:
-            peaks[batch] = peak_of(batch)
+            got = peak_of(batch)
+            peaks[batch], phases[batch] = got if isinstance(got, tuple) else (got, {})
         return peaks[batch]
 
     p1, p2, p3 = peak(1), peak(2), peak(3)
@@ -117,7 +121,8 @@ def largest_batch(peak_of: Callable[[int], int], budget: int) -> dict:
     # From the line through batches 2 and 3, Newton steps on the local slope: exact at once where the
     # peak is affine, a few steps where it is piecewise affine (the peak moves to another layer as the
     # batch grows, or a kernel's scratch changes with it)
-    guess = max(1, 3 + (budget - p3) // (p3 - p2)) if p3 > p2 else 3
+    lines = [(phases[3][k], phases[3][k] - phases[2][k]) for k in phases[3] if k in phases[2]] or [(p3, p3 - p2)]
+    guess = max(1, min((3 + (budget - at) // slope for at, slope in lines if slope > 0), default=3))
     for step in range(8):
         if guess > MAX_BATCH:
             break
@@ -306,7 +311,7 @@ def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs
                         dtype, batched(specs, batch // 2), f"--input batch {batch // 2}, 2 accumulation steps"))
     if not options.inplace and any(getattr(m, "inplace", None) is False for m in model.modules()):
         changes.append(("activations in place", replace(options, inplace=True), dtype, specs,
-                        "inplace=True on the activation modules"))
+                        "[setattr(m, 'inplace', True) for m in model.modules() if getattr(m, 'inplace', None) is False]"))
     out = []
     for change, opts, dt, sp, apply in changes:
         try:

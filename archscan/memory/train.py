@@ -134,17 +134,22 @@ def _in_forward_of_backward() -> bool:
 
 
 def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOptions, kwargs: dict | None = None,
-               dtype: torch.dtype | None = None) -> dict:
+               dtype: torch.dtype | None = None, model: nn.Module | None = None) -> dict:
     """Analyse one steady-state training step (see the module docstring): the JSON ``training``
     section, with the step's ``memory``. A step that needs tensor values (``.item()`` in forward, a
     value-dependent branch) runs for real instead, on seeded random inputs and weights, after a
-    check that it fits in the memory that is free; ``basis`` says which."""
+    check that it fits in the memory that is free; ``basis`` says which. ``model``: the fake model
+    to step (``fake_model``), left as it was found, for several steps of one model."""
     check_trainable(target)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+    if model is None:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+    else:
+        fake_mode = next(t.fake_mode for t in model.parameters())
     try:
-        tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
-                                        "on fake tensors")
+        with _restored(model):
+            tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
+                                            "on fake tensors")
         basis = "fake tensors"
     except CaptureError as exc:
         if not needs_values(exc.__cause__):
@@ -158,6 +163,34 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
         _write_snapshot(snapshot(tracker), options.snapshot)
     return {"options": options.to_json(), "basis": basis, **_costs(tracker, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
+
+
+def fake_model(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
+               dtype: torch.dtype | None = None) -> nn.Module:
+    """The model on fake tensors, for ``train_step(..., model=)``."""
+    return build_fake(target, kwargs or {}, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module):
+    """Leave the model as the step found it: which parameters require grad, no gradients, the
+    modules' own forwards (not checkpointed) and their ``inplace`` switches."""
+    grads = {p: p.requires_grad for p in model.parameters()}
+    inplace = {m: m.inplace for m in model.modules() if isinstance(getattr(m, "inplace", None), bool)}
+    forwards = {m: m.__dict__["forward"] for m in model.modules() if "forward" in m.__dict__}
+    try:
+        yield
+    finally:
+        for p, flag in grads.items():
+            p.requires_grad_(flag)
+            p.grad = None
+        for m, flag in inplace.items():
+            m.inplace = flag
+        for m in model.modules():
+            if m in forwards:
+                m.forward = forwards[m]
+            else:
+                m.__dict__.pop("forward", None)
 
 
 def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: ModelTarget, how: str) -> tuple:

@@ -1,0 +1,193 @@
+"""Memory budgets (--memory): the largest batch against the CPU allocator (tests/memory_oracle.py),
+checkpoint plans applied for real, what-ifs, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import archscan
+from archscan import zoo
+from archscan.loading import InputSpec, ModelTarget
+from archscan.memory.budget import Budget, batched, blocks, largest_batch, parse_budget
+from archscan.memory.train import TrainOptions, train_step
+from memory_oracle import forward_peak, step_peak
+from test_memory import Blocks, small_cnn
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("text, want", [("80GiB", 80 << 30), ("24GB", 24 * 10**9), ("1.5TB", 1_500_000_000_000),
+                                        ("512MiB", 512 << 20), ("h100", 80 << 30), ("A100-40GB", 40 << 30),
+                                        ("l4", 24 << 30)])
+def test_budget_sizes_and_gpu_names(text, want):
+    assert parse_budget(text).bytes == want
+
+
+def test_largest_batch_by_hand():
+    """Affine: batches 1-3, the answer and the answer + 1 (five analyses). Piecewise affine (the
+    peak moves to another layer): a few Newton steps. A peak that does not grow: said so."""
+    runs = []
+
+    def affine(b):
+        runs.append(b)
+        return 1000 + 100 * b
+
+    got = largest_batch(affine, 1000 + 100 * 37 + 50)
+    assert got["max_batch"] == 37 and got["method"] == "affine" and got["runs"] == 5 == len(set(runs))
+    assert got["per_sample_bytes"] == 100 and got["fixed_bytes"] == 1000
+    piecewise = largest_batch(lambda b: max(5000 + 10 * b, 1000 + 100 * b), 1000 + 100 * 500 + 1)
+    assert piecewise["max_batch"] == 500 and piecewise["method"] == "piecewise"
+    assert largest_batch(lambda b: 1000 + 100 * b, 1050)["max_batch"] == 0
+    assert largest_batch(lambda b: 1000, 5000)["max_batch"] is None
+    # any peak that grows, affine or not: bisection agrees with a plain scan
+    wobbly = lambda b: 1000 + 100 * b + (b % 3) * 60  # noqa: E731
+    budget = 1000 + 100 * 80
+    assert largest_batch(wobbly, budget)["max_batch"] == max(b for b in range(1, 200) if all(
+        wobbly(c) <= budget for c in range(1, b + 1)))
+
+
+def _real(specs, batch):
+    return [torch.randint(0, 10, s.shape) if not s.dtype.is_floating_point else torch.randn(s.shape)
+            for s in batched(specs, batch)]
+
+
+# name: (build, inputs at batch 1, optimizer; None: the inference forward), the batch the budget is set around
+CONFIGS = {
+    "mlp-forward": (lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), [InputSpec((1, 64))], None, 40),
+    "cnn-forward": (small_cnn, [InputSpec((1, 3, 32, 32))], None, 6),
+    "resnet18-forward": (lambda: zoo.create_model("resnet18"), [InputSpec((1, 3, 64, 64))], None, 5),
+    "llama-forward": (lambda: zoo.create_model("llama_tiny"), [InputSpec((1, 32), torch.int64)], None, 3),
+    "mlp-adamw": (lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), [InputSpec((1, 64))], "adamw", 50),
+    "depthwise-sgd": (lambda: small_cnn(32), [InputSpec((1, 3, 32, 32))], "sgd", 5),
+    "resnet18-sgd": (lambda: zoo.create_model("resnet18"), [InputSpec((1, 3, 64, 64))], "sgd", 6),
+    "encoder-adamw": (lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2),
+                      [InputSpec((1, 16, 64))], "adamw", 7),
+    "checkpointed-adamw": (Blocks, [InputSpec((1, 64))], "adamw", 30),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_largest_batch_never_over_predicts(name):
+    """With the budget halfway between the allocator's peaks at batches k and k + 1, the largest
+    batch is k: it fits on the allocator, k + 1 does not."""
+    build, specs, optimizer, k = CONFIGS[name]
+    torch.manual_seed(0)
+    if optimizer is None:
+        oracle = [forward_peak(build().eval(), _real(specs, b)) for b in (k, k + 1)]
+    else:
+        oracle = [step_peak(build(), _real(specs, b), optimizer) for b in (k, k + 1)]
+    budget = (oracle[0] + oracle[1]) // 2
+    report = archscan.scan(build(), batched(specs, k), memory=budget, recommend=False,
+                           train=TrainOptions(optimizer) if optimizer else None)
+    got = report.memory["budget"]
+    assert got["max_batch"] == k, f"{got} against allocator peaks {oracle} for a budget of {budget:,}"
+    assert got["peak_bytes_at_max"] <= budget < got["next_peak_bytes"]
+
+
+def test_checkpoint_plan_applied_for_real():
+    """The plan's code, run on the real model, gives the peak archscan re-analysed (the CPU
+    allocator, within 1%), under the budget; the step without it does not fit."""
+    specs, budget = [InputSpec((32, 3, 64, 64))], 130 * MiB
+    report = archscan.scan(zoo.create_model("resnet18"), specs, memory=budget, recommend=False,
+                           train=TrainOptions("sgd"))
+    plan = report.memory["checkpoint_plan"]
+    assert plan["fits"] and plan["modules"] and plan["peak_bytes"] <= budget < report.training_step["memory"]["peak_bytes"]
+    torch.manual_seed(0)
+    model = zoo.create_model("resnet18")
+    exec(plan["code"], {"model": model})
+    real = step_peak(model, _real(specs, 32), "sgd")
+    assert real <= budget and abs(real - plan["peak_bytes"]) <= 0.01 * real, (real, plan["peak_bytes"])
+    assert plan["recompute_flops"] == sum(report.training_step["modules"][m]["forward"]
+                                          for p in plan["modules"] for m in report.training_step["modules"]
+                                          if m == p or m.startswith(p + "."))
+
+
+def test_checkpoint_plans_are_monotone():
+    """A larger budget never gets more recompute, nor a lower peak; every plan fits its budget."""
+    specs = [InputSpec((32, 3, 64, 64))]
+    model = zoo.create_model("resnet18")
+    plans = []
+    for mib in (150, 135, 128, 124):
+        memory = archscan.scan(model, specs, memory=mib * MiB, recommend=False, train=TrainOptions("sgd")).memory
+        plan = memory.get("checkpoint_plan") or {"fits": True, "peak_bytes": None, "recompute_flops": 0, "modules": []}
+        plans.append((mib * MiB, plan))
+    fitting = [(b, p) for b, p in plans if p["fits"]]
+    assert len(fitting) >= 2
+    for (big, p), (small, q) in zip(fitting, fitting[1:]):
+        assert p["recompute_flops"] <= q["recompute_flops"]
+        if p["peak_bytes"] is not None:
+            assert p["peak_bytes"] >= q["peak_bytes"] and q["peak_bytes"] <= small
+    unreachable = plans[-1][1]
+    if not unreachable["fits"]:
+        assert unreachable["smallest_peak_bytes"] > plans[-1][0]
+
+
+def test_blocks_are_the_repeated_runs():
+    blocks_, stages = blocks(zoo.create_model("resnet18"))
+    assert blocks_ == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)] and stages == [f"layer{i}" for i in range(1, 5)]
+    blocks_, stages = blocks(zoo.create_model("llama_tiny"))
+    assert blocks_ == [f"layers.{i}" for i in range(len(zoo.create_model("llama_tiny").layers))] and stages == []
+
+
+def test_what_ifs_are_re_analysed_steps():
+    """Each what-if is the step analysed with that change: the fused optimizer and
+    zero_grad(set_to_none=False) against the allocator, within 1%."""
+    specs = [InputSpec((4, 3, 32, 32))]
+    memory = archscan.scan(small_cnn(), specs, recommend=False, train=TrainOptions("adamw"), what_ifs=True).memory
+    ifs = {w["change"]: w for w in memory["what_ifs"]}
+    torch.manual_seed(0)
+    for change, kwargs in (("fused optimizer", {"impl": "fused"}), ("zero_grad(set_to_none=False)", {"set_to_none": False})):
+        want = step_peak(small_cnn(), _real(specs, 4), "adamw", **kwargs)
+        assert abs(ifs[change]["peak_bytes"] - want) <= 0.01 * want, (change, ifs[change], want)
+    assert ifs["bf16 parameters"]["peak_delta"] < 0
+    assert "gradient accumulation: 2 steps of batch 2" in ifs and ifs["gradient accumulation: 2 steps of batch 2"]["flops_delta"] == 0
+
+
+def test_memory_recommendations_from_the_command_line(capsys):
+    from archscan.cli import main
+
+    assert main(["zoo:resnet18", "--input", "32,3,64,64", "--train", "--optimizer", "sgd", "--memory", "130MiB", "--what-if",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    kinds = {r["kind"]: r for r in report["recommendations"]}
+    assert {"batch-size", "checkpoint", "amp"} <= set(kinds)
+    assert kinds["checkpoint"]["verified"] and kinds["checkpoint"]["estimated_saving"]["peak_bytes"] > 0
+    assert kinds["checkpoint"]["apply"] == report["memory"]["checkpoint_plan"]["code"]
+    best = report["memory"]["budget"]["max_batch"]
+    assert 0 < best < 32 and f"--input {best},3,64,64 --train --optimizer sgd --memory 130MiB" in kinds["batch-size"]["apply"]
+    assert report["memory"]["budget"]["for"] == "training step"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["zoo:resnet18", "--input", "1,3,64,64", "--memory", "lots"], "cannot read --memory 'lots'"),
+    (["zoo:resnet18", "--input", "1,3,64,64", "--memory", "10MiB"], "the parameters alone need"),
+    (["zoo:resnet18", "--input", "1,3,64,64", "--memory", "0GB"], "no memory at all"),
+    (["zoo:resnet18", "--input", "1,3,64,64", "--what-if"], "--what-if only applies to a training step"),
+])
+def test_bad_budgets_are_one_line(capsys, args, needle):
+    from archscan.cli import main
+
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_an_input_without_a_batch_dimension_is_one_line():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            return x * self.w
+
+    with pytest.raises(archscan.ArchscanError, match="input 1 is a scalar"):
+        archscan.scan(Scale(), [InputSpec(())], memory="1GiB")
+
+
+def test_budget_is_a_budget():
+    assert Budget(5, "5 B").to_json() == {"bytes": 5, "label": "5 B"}
