@@ -23,6 +23,7 @@ from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
 from .results import Report
+from .units import fmt_bytes
 from .rules import select_rules
 
 
@@ -51,8 +52,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         recommend: rank the changes that answer the findings (``report.recommendations``).
         train: also analyse one training step (``True`` or ``archscan.memory.train.TrainOptions``:
             optimizer and implementation, autocast, frozen prefixes): ``report.training_step``.
-        memory: a memory budget ('80GiB', '24GB', a GPU name such as 'h100', or bytes): the largest
-            batch whose peak fits (the training step's with ``train``), and with ``train`` an
+        memory: a memory budget ('80GiB', '24GB', a GPU name such as 'h100', or bytes; measuring on
+            a GPU, its memory when not given): the largest batch whose peak fits (the training
+            step's with ``train``), and with ``train`` an
             activation-checkpointing plan (``report.memory["budget"]``, ``["checkpoint_plan"]``;
             ``archscan.memory.budget``).
         what_ifs: with ``train``: the step re-analysed with one change each (bf16 autocast, bf16
@@ -66,7 +68,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     specs = input_specs(inputs, dtype)
     options = MeasureOptions() if measure is True else measure or None
     if options is not None:
-        check_options(options)  # a device that is not there fails now, not after the analysis
+        device = check_options(options)[0]  # a device that is not there fails now, not after the analysis
+        if memory is None and device.type == "cuda":  # measuring on a GPU: the batch that fills its memory
+            memory = torch.cuda.get_device_properties(device).total_memory
     target = to_target(model, name)
     check_kwargs(target, kwargs)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
@@ -128,7 +132,7 @@ def _budget(memory: str | int | None, specs) -> "Budget | None":
     if isinstance(memory, int) and not isinstance(memory, bool):
         if memory <= 0:
             raise ArchscanError(f"a memory budget of {memory} bytes is no memory at all", hint="give a size above zero")
-        return Budget(memory, f"{memory:,} bytes")
+        return Budget(memory, fmt_bytes(memory) if memory % (1 << 20) == 0 else f"{memory:,} bytes")
     return parse_budget(str(memory))
 
 

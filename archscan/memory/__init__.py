@@ -90,7 +90,7 @@ def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[st
         def hook(module, args):
             stack.append(path)
             tracker.where = path
-            if path not in tracker.called_at:
+            if path and path not in tracker.called_at:  # the root is called by whoever runs the model
                 tracker.called_at[path] = model_line()
         return hook
 

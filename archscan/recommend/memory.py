@@ -105,6 +105,18 @@ def _train_flags(ctx) -> str:
         flags += [f"--amp {o['amp']}"] if o.get("amp") else []
         flags += [f"--freeze {f}" for f in o.get("freeze", [])]
     if budget:
-        flags += ["--memory", budget["label"].split(" (")[-1].rstrip(")") if "(" in budget["label"] else
-                  budget["label"].replace(" ", "")]
+        flags += ["--memory", _size_flag(budget)]
     return (" " + " ".join(flags)) if flags else ""
+
+
+def _size_flag(budget: dict) -> str:
+    """The budget as ``--memory`` reads it: the GPU's name, the size as given, or its bytes."""
+    from ..errors import ArchscanError
+    from ..memory.budget import parse_budget
+
+    label = budget["label"]
+    word = label.split(" (")[-1].rstrip(")") if "(" in label else label.replace(" ", "")
+    try:
+        return word if parse_budget(word).bytes == budget["bytes"] else f"{budget['bytes']}B"
+    except ArchscanError:
+        return f"{budget['bytes']}B"
