@@ -272,13 +272,23 @@ def make_call(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_
 
 def make_inputs(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None,
                 device: torch.device | None = None) -> list[torch.Tensor]:
-    """Random float inputs, zero integer inputs (valid token ids), in the model's dtype."""
-    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    """Random float inputs, in the model's dtype; integer inputs zeros (valid token ids) or drawn
+    from the spec's ``values`` (seeded: the same every run); a spec's example tensor as it is."""
     out = []
-    with ctx:
-        for s in specs:
+    for i, s in enumerate(specs):
+        dt = model_dtype if (model_dtype is not None and s.dtype == torch.float32) else s.dtype
+        if s.example is not None:
+            x = s.example.to(device=device, dtype=dt)
+        elif s.values is not None:
+            x = torch.randint(s.values[0], s.values[1] + 1, s.shape, dtype=s.dtype,
+                              generator=torch.Generator().manual_seed(i)).to(device)
+        else:
+            x = None
+        if x is not None:
+            out.append(fake_mode.from_tensor(x) if fake_mode is not None else x)
+            continue
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
             if s.dtype.is_floating_point:
-                dt = model_dtype if (model_dtype is not None and s.dtype == torch.float32) else s.dtype
                 out.append(torch.randn(s.shape, dtype=dt, device=device))
             else:
                 out.append(torch.zeros(s.shape, dtype=s.dtype, device=device))

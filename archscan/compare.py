@@ -113,13 +113,12 @@ def jobs(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequen
 
 def with_batch(specs: Sequence[str], batch: int) -> list[str]:
     """The specs with their first dimension set to ``batch``."""
-    from .specs import split_input_spec
+    from .specs import spec_text, split_input_spec, split_values
 
     out = []
     for text in specs:
         shape, dtype, name = split_input_spec(text)
-        spec = ",".join(str(d) for d in (batch, *shape[1:])) + f":{dtype}"
-        out.append(f"{name}={spec}" if name else spec)
+        out.append(spec_text((batch, *shape[1:]), dtype, name, split_values(text.strip())[1]))
     return out
 
 

@@ -114,8 +114,11 @@ def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: se
             m = builder.stack[-1]
             path = builder.names.get(id(m), "")
             where = f" in layer {path!r} ({type(m).__name__})" if path else f" in {type(m).__name__}.forward"
+        zeros = fake_mode is None and any(not t.is_floating_point() and t.dtype != torch.bool and t.numel() and not t.any()
+                                          for t in call.tensors())
         raise CaptureError(
-            f"the model cannot run{where}{at(exc, source_file)}: {short(exc)}"
+            f"the model cannot run{where}{at(exc, source_file)}: {short(exc)}",
+            hint="archscan fed its integer inputs zeros; give them values: --input 4,50:int64=1..100" if zeros else None,
         ) from exc
     finally:
         pre.remove()

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from .errors import ArchscanError, CaptureError
 from .frames import at, exit_error, short
-from .specs import check_target, dtype_key, split_input_spec
+from .specs import check_target, dtype_key, split_input_spec, split_values
 
 
 
@@ -41,9 +41,17 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
     name: str | None = None
+    values: tuple[int, int] | None = None   # integer inputs: drawn uniformly from LOW..HIGH (seeded); else zeros
+    example: torch.Tensor | None = field(default=None, compare=False, repr=False)  # a tensor whose values are used
 
     def to_json(self) -> dict:
         out = {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+        if self.example is not None:
+            out["values"] = "the example tensor's"
+        elif self.values is not None:
+            out["values"] = list(self.values)
+        elif not self.dtype.is_floating_point and self.dtype != torch.bool:
+            out["values"] = "zeros"
         return {**out, "name": self.name} if self.name else out
 
 
@@ -96,7 +104,7 @@ def parse_input_spec(text: str) -> InputSpec:
     """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids;
     'decoder_input_ids=1,16:int64' passes the input to forward by keyword (``archscan.specs``)."""
     shape, dtype, name = split_input_spec(text)
-    return InputSpec(shape, parse_dtype(dtype), name)
+    return InputSpec(shape, parse_dtype(dtype), name, split_values(text.strip())[1])
 
 
 def _load_program(path: str) -> ModelTarget:
@@ -324,8 +332,8 @@ def _to_spec(x: InputLike) -> InputSpec:
         return x
     if isinstance(x, str):
         return parse_input_spec(x)
-    if isinstance(x, torch.Tensor):
-        return InputSpec(tuple(int(s) for s in x.shape), x.dtype)
+    if isinstance(x, torch.Tensor):  # its values are used where a run needs them
+        return InputSpec(tuple(int(s) for s in x.shape), x.dtype, example=x.detach())
     if _is_shape(x):
         return InputSpec(tuple(int(d) for d in x))
     raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Callable
 
 from .errors import ArchscanError
@@ -34,11 +35,40 @@ def dtype_key(text: str, is_torch_dtype: Callable[[str], bool] = lambda key: Fal
     raise ArchscanError(f"dtype {text!r} is {what}", hint=_DTYPE_HINT)
 
 
+_VALUES = re.compile(r"=\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+
+
+def split_values(text: str) -> tuple[str, tuple[int, int] | None]:
+    """'4:int64=1..50' -> ('4:int64', (1, 50)): the spec and the range its integer values are
+    drawn from (uniform, seeded, both ends included); None when it gives none."""
+    found = _VALUES.search(text)
+    if not found:
+        return text, None
+    low, high = int(found.group(1)), int(found.group(2))
+    head = text[:found.start()]
+    dtype = head.rpartition(":")[2].strip().lower().removeprefix("torch.") if ":" in head else "float32"
+    if ALIASES.get(dtype, dtype) not in INTEGER_DTYPES:
+        raise ArchscanError(f"--input {text!r}: values LOW..HIGH are for integer inputs",
+                            hint="give the dtype: --input 4:int64=1..50")
+    if low > high:
+        raise ArchscanError(f"--input {text!r}: the range {low}..{high} is empty", hint="write LOW..HIGH with LOW <= HIGH")
+    return head, (low, high)
+
+
+def spec_text(shape, dtype: str, name: str | None = None, values: tuple[int, int] | None = None) -> str:
+    """The ``--input`` text of a spec (``split_input_spec``/``split_values`` read it back)."""
+    text = ",".join(str(d) for d in shape) + ("" if dtype == "float32" else f":{dtype}")
+    text += f"={values[0]}..{values[1]}" if values else ""
+    return f"{name}={text}" if name else text
+
+
 def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
     """'1,3,224,224' -> ((1, 3, 224, 224), 'float32', None); '1,128:int64' for token ids;
     'decoder_input_ids=1,16:int64' passes the input to forward by keyword. Unknown dtype names
-    come back as written, for ``archscan.loading`` to judge."""
-    raw = text.strip()
+    come back as written, for ``archscan.loading`` to judge. Values (``=1..50``, ``split_values``)
+    are checked and left out."""
+    raw = split_values(text.strip())[0]
     name, eq, rest = raw.partition("=")
     name = name.strip()
     if eq and not name.isidentifier():

@@ -349,27 +349,37 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
             they propose nothing.
         grouping: the model's channel groups, when the scan found them (else they are found here).
     """
-    ctx = Context(report, rules or RuleContext(report), profile, command if command is not None else command_of(report),
+    ctx = Context(report, rules or RuleContext(report), profile,
+                  command if command is not None else command_of(report, kwargs),
                   target, tuple(specs), kwargs, dtype, model, grouping)
     recs = [r for recommender in RECOMMENDERS.values() for r in recommender(ctx)]
     recs.sort(key=_rank_key)
     return dataclasses.replace(report, recommendations=tuple(recs))
 
 
-def command_of(report: Report) -> str:
-    """'MODEL --input ...' for a report whose model is a command-line target, else ''."""
+def command_of(report: Report, kwargs: dict | None = None) -> str:
+    """'MODEL --input ... [--kwargs ...] [--dtype ...]' for a report whose model is a command-line
+    target, else '': every apply line built on it acts on the model the report is about."""
+    from ..specs import spec_text
+
     model = report.model
     if ":" not in model and not model.endswith(".pt2"):
         return ""
     parts = [shlex.quote(model)]
     for spec in report.inputs:
-        text = ",".join(map(str, spec["shape"]))
-        if spec["dtype"] != "float32" and spec["dtype"] != report.dtype:
-            text += f":{spec['dtype']}"
-        parts += ["--input", (spec["name"] + "=" if spec.get("name") else "") + text]
+        dtype = spec["dtype"] if spec["dtype"] != "float32" and spec["dtype"] != report.dtype else "float32"
+        values = spec.get("values") if isinstance(spec.get("values"), list) else None
+        parts += ["--input", shlex.quote(spec_text(spec["shape"], dtype, spec.get("name"), values))]
+    if kwargs:
+        parts += ["--kwargs", shlex.quote(",".join(f"{k}={_literal(v)}" for k, v in kwargs.items()))]
     if report.dtype != "float32":
         parts += ["--dtype", report.dtype]
     return " ".join(parts)
+
+
+def _literal(value) -> str:
+    """A constructor argument as ``--kwargs`` reads it back (a bare word as written, else its repr)."""
+    return str(value) if type(value).__name__ == "BareWord" else repr(value)
 
 
 __all__ = ["RECOMMENDERS", "Recommendation", "recommend", "command_of"]

@@ -1,0 +1,54 @@
+"""Recurrent models for tests/test_new_users.py: each scanned through the file path (class)."""
+
+import torch.nn as nn
+
+
+class LSTMHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(64, 128, batch_first=True)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+class StackedGRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(32, 48, num_layers=2, bidirectional=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+class TanhRNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(16, 24, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+class PackedLSTM(nn.Module):
+    """Token ids and their lengths: pack_padded_sequence needs lengths above 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)
+        return h[-1]
+
+
+def conv_net(width=1.0, act="relu"):
+    """A factory whose constructor arguments change the model."""
+    c = int(32 * width)
+    return nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU() if act == "relu" else nn.GELU(),
+                         nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))

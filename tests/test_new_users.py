@@ -1,0 +1,97 @@
+"""Defects found by trying archscan on models nobody here wrote, one class each: recurrent layers
+through the file path, apply lines that act on the model the report is about, integer input values."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+import torch
+
+import archscan
+from archscan.cli import main
+
+MODELS = os.path.join(os.path.dirname(__file__), "models", "recurrent.py")
+
+
+def _scan_json(capsys, *args) -> dict:
+    assert main([*args, "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("cls, spec, flops", [
+    # T * N * gates * H * (I + H) per layer and direction, plus the head
+    ("LSTMHead", "4,50,64", 50 * 4 * 4 * 128 * (64 + 128) + 4 * 128 * 10),
+    ("StackedGRU", "20,4,32", 20 * 4 * 3 * 48 * ((32 + 48) * 2 + (96 + 48) * 2)),
+    ("TanhRNN", "4,30,16", 30 * 4 * 24 * (16 + 24)),
+])
+def test_recurrent_layers_through_the_file_path(capsys, cls, spec, flops):
+    """A class in a file (the direct run cannot run an RNN's fused kernel on meta weights) counts
+    what the instance counts: the hand formula."""
+    report = _scan_json(capsys, f"{MODELS}:{cls}", "--input", spec)
+    assert report["totals"]["flops"] == flops
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location("recurrent", MODELS)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    instance = archscan.scan(getattr(module, cls)(), spec, recommend=False, rules=[])
+    assert instance.totals.flops == flops and instance.totals.params == report["totals"]["params"]
+
+
+def test_a_real_input_error_is_still_named(capsys):
+    assert main([f"{MODELS}:LSTMHead", "--input", "4,50,32"]) == 2
+    assert "rejected input of shape [4, 50, 32]" in capsys.readouterr().err
+
+
+def test_integer_inputs_take_values(capsys):
+    """Zeros for lengths fail with a hint; values drawn from a range (seeded) decide the path and
+    the report says which were used; 50..50 gives full sequences, by hand."""
+    assert main([f"{MODELS}:PackedLSTM", "--input", "4,50:int64", "--input", "4:int64"]) == 3
+    assert "give them values: --input" in capsys.readouterr().err
+    per_token = 4 * 32 * (16 + 32)
+    full = _scan_json(capsys, f"{MODELS}:PackedLSTM", "--input", "4,50:int64=1..99", "--input", "4:int64=50..50")
+    assert full["totals"]["flops"] == 4 * 50 * per_token
+    assert full["inputs"][1]["values"] == [50, 50]
+    ranged = _scan_json(capsys, f"{MODELS}:PackedLSTM", "--input", "4,50:int64=1..99", "--input", "4:int64=1..50")
+    lengths = torch.randint(1, 51, (4,), generator=torch.Generator().manual_seed(1))
+    assert ranged["totals"]["flops"] == int(lengths.sum()) * per_token
+    assert any("integers uniform in 1..50" in note for note in ranged["capture_notes"])
+
+
+def test_example_tensors_lend_their_values():
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location("recurrent", MODELS)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    lengths = torch.tensor([5, 17, 3, 9])
+    report = archscan.scan(module.PackedLSTM(), [torch.randint(1, 99, (4, 20)), lengths], recommend=False, rules=[])
+    assert report.totals.flops == int(lengths.sum()) * 4 * 32 * (16 + 32)
+    assert report.inputs[1]["values"] == "the example tensor's"
+
+
+@pytest.mark.parametrize("text, message", [("1,3=1..5", "values LOW..HIGH are for integer inputs"),
+                                           ("4:int64=9..1", "the range 9..1 is empty")])
+def test_bad_values_are_one_line(capsys, text, message):
+    assert main(["zoo:resnet18", "--input", text]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_apply_lines_run_as_printed_on_the_same_model(capsys, tmp_path):
+    """Every archscan command a recommendation prints carries the constructor arguments: run as
+    printed, it acts on the model the report is about (its parameter count)."""
+    report = _scan_json(capsys, f"{MODELS}:conv_net", "--kwargs", "width=0.5,act=gelu", "--input", "2,3,32,32")
+    lines = [r["apply"] for r in report["recommendations"] if r["apply"].startswith("archscan ")]
+    assert lines and all("--kwargs width=0.5,act=gelu" in line for line in lines)
+    fuse = next(line for line in lines if line.startswith("archscan fuse"))
+    args = shlex.split(fuse)[1:]
+    args[args.index("-o") + 1] = str(tmp_path / "fused.pt2")
+    assert main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    fused = _scan_json(capsys, str(tmp_path / "fused.pt2"))
+    convs = 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16  # width 0.5: 16 channels, biases from the folded norms
+    assert fused["totals"]["params"] == convs + 16 * 10 + 10
