@@ -433,21 +433,40 @@ def _check_real_fits(model: nn.Module | None, specs: Sequence[InputSpec], dtype:
                      failures: dict[str, str]) -> None:
     """The eager capture allocates real weights and inputs: fail with one line, before allocating,
     when they would not fit in the memory that is free. ``model`` (fake or real) gives the weights."""
-    need = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
-    if model is not None:
-        need += sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    inputs = sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)
+    weights = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())) if model is not None else 0
+    need = inputs + weights
     avail = short_of(need)
     if avail is not None:
         why = "; ".join(f"{k}: {v}" for k, v in failures.items()) or "forced with --capture eager"
+        fix = ("use a smaller --input, or make the model traceable" if weights < avail
+               else f"the weights alone take {weights / 2**30:.1f} GiB: make the model traceable (fx or export), "
+                    "or scan a smaller configuration of it (--kwargs)")
         raise DeviceError(f"eager capture needs a real run ({need / 2**30:.1f} GiB of inputs and weights) but "
-                          f"{avail / 2**30:.1f} GiB is free; it was taken because {why}",
-                          hint="use a smaller --input, or make the model traceable")
+                          f"{avail / 2**30:.1f} GiB is free; it was taken because {why}", hint=fix)
+
+
+_FX_WORDS = (  # what torch.fx's symbolic tracer says, in words: its proxies cannot do what the code does
+    ("co_varnames is too small", "its code takes *args/**kwargs in a form symbolic tracing cannot follow"),
+    ("__cuda_array_interface__", "the code hands a traced value to a function that needs a real tensor"),
+    ("symbolically traced variables cannot be used as inputs to control flow", "the code branches on a tensor's value"),
+    ("Proxy object cannot be iterated", "the code iterates over a tensor"),
+)
+
+
+def _in_words(kind: str, why: str) -> str:
+    """A capture's failure as users read it: fx's internal messages said in words, the original kept short."""
+    if kind == "fx":
+        for needle, words in _FX_WORDS:
+            if needle in why:
+                return f"symbolic tracing could not follow it: {words}"
+    return why
 
 
 def _notes(failures: dict[str, str]) -> list[str]:
     """One line naming the captures that failed or were skipped, and why (none when nothing failed)."""
-    return ["; ".join(f"{k} skipped ({v.removeprefix('skipped: ')})" if v.startswith("skipped: ") else f"{k} failed ({v})"
-                      for k, v in failures.items())] if failures else []
+    return ["; ".join(f"{k} skipped ({v.removeprefix('skipped: ')})" if v.startswith("skipped: ")
+                      else f"{k} failed ({_in_words(k, v)})" for k, v in failures.items())] if failures else []
 
 
 def _was_training(target: ModelTarget) -> bool:

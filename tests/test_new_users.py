@@ -95,3 +95,25 @@ def test_apply_lines_run_as_printed_on_the_same_model(capsys, tmp_path):
     fused = _scan_json(capsys, str(tmp_path / "fused.pt2"))
     convs = 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16  # width 0.5: 16 channels, biases from the folded norms
     assert fused["totals"]["params"] == convs + 16 * 10 + 10
+
+
+def test_one_recommendation_per_change():
+    from archscan.recommend import _merged
+    from archscan.results import Recommendation
+
+    def rec(target):
+        return Recommendation("host-sync", (target,), "a sync", {"mac_bytes": 0, "ms": 1.0}, "measured", "fix it",
+                              ({"rule": "host-sync", "module": target},))
+
+    merged = _merged([rec("a"), rec("b"), rec("a")])
+    assert len(merged) == 1 and merged[0].target == ("a", "b") and merged[0].estimated_saving["ms"] == 3.0
+    assert len(merged[0].findings) == 2
+
+
+def test_capture_notes_say_in_words_why_fx_gave_way(capsys):
+    report = _scan_json(capsys, f"{MODELS}:PackedLSTM", "--input", "4,50:int64=1..99", "--input", "4:int64=1..50")
+    assert "symbolic tracing could not follow it" in report["capture_notes"][0]
+    assert "__cuda_array_interface__" not in report["capture_notes"][0]
+    autocast = [r["apply"] for r in report["recommendations"] if r["kind"] == "low-precision"]
+    if not torch.cuda.is_available():  # a CPU-only scan names the CPU's autocast
+        assert all("torch.autocast('cpu'" in a for a in autocast)

@@ -19,6 +19,7 @@ Ranking: the time saved where there is one (measured or predicted), then the byt
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from typing import Callable
 
@@ -183,10 +184,18 @@ def _low_precision(ctx: Context) -> list[Recommendation]:
         reason=f"run the conv/linear/matmul work in bfloat16: {len(nodes)} layers move half the bytes "
                "(and use tensor cores on a GPU)",
         estimated_saving=saving, basis=basis,
-        apply="with torch.autocast('cuda', dtype=torch.bfloat16): model(x)   "
+        apply=f"with torch.autocast({_device_type(ctx)!r}, dtype=torch.bfloat16): model(x)   "
               f"(measure it: {ctx.scan_command('--measure --amp bf16')})",
         findings=ctx.cited("low-precision"),
     )]
+
+
+def _device_type(ctx: Context) -> str:
+    """The device the scan was about: the one measured, else a GPU when there is one, else the CPU."""
+    import torch
+
+    measured = (ctx.report.latency or {}).get("device")
+    return str(measured).split(":")[0] if measured else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _channels_last(ctx: Context) -> list[Recommendation]:
@@ -330,6 +339,24 @@ RECOMMENDERS: dict[str, Recommender] = {
 }
 
 
+def _merged(recs: list[Recommendation]) -> list[Recommendation]:
+    """One recommendation per change: the same kind, reason and apply line found at several places
+    (a host sync on six source lines) is one, its targets, findings and savings together."""
+    out: dict[tuple, Recommendation] = {}
+    for r in recs:
+        key = (r.kind, r.reason, r.apply)
+        if key not in out:
+            out[key] = r
+            continue
+        first = out[key]
+        saving = {k: first.estimated_saving.get(k, 0) + v if isinstance(v, (int, float)) else v
+                  for k, v in r.estimated_saving.items()}
+        out[key] = dataclasses.replace(first, target=tuple(dict.fromkeys(first.target + r.target)),
+                                       findings=tuple({json.dumps(f, sort_keys=True): f for f in first.findings + r.findings}.values()),
+                                       estimated_saving={**first.estimated_saving, **saving})
+    return list(out.values())
+
+
 def _rank_key(r: Recommendation) -> tuple:
     ms = r.estimated_saving.get("ms")
     bytes_saved = r.estimated_saving.get("mac_bytes", 0) + max(r.estimated_saving.get("peak_bytes", 0), 0)
@@ -352,7 +379,7 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
     ctx = Context(report, rules or RuleContext(report), profile,
                   command if command is not None else command_of(report, kwargs),
                   target, tuple(specs), kwargs, dtype, model, grouping)
-    recs = [r for recommender in RECOMMENDERS.values() for r in recommender(ctx)]
+    recs = _merged([r for recommender in RECOMMENDERS.values() for r in recommender(ctx)])
     recs.sort(key=_rank_key)
     return dataclasses.replace(report, recommendations=tuple(recs))
 
