@@ -329,17 +329,16 @@ def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs
 
 
 def _half_prefix(model: nn.Module, rows: Sequence[dict], frozen: Sequence[str]) -> list[str]:
-    """The module paths, in order, from the first until half the trainable parameters: the blocks
-    of the repeated runs and the model's other top-level children."""
-    block_paths = [r["module"] for r in rows if r["kind"] == "block"]
-    units, seen = [], set()
-    for name, _ in model.named_children():
-        inside = [b for b in block_paths if b == name or b.startswith(name + ".")]
-        for unit in inside or [name]:
-            if unit not in seen:
-                units.append(unit)
-                seen.add(unit)
-    counts = {u: sum(p.numel() for p in model.get_submodule(u).parameters() if p.requires_grad) for u in units}
+    """The module paths, in forward's definition order, from the first until half the trainable
+    parameters: the blocks of the repeated runs, and the other modules beside them."""
+    block_paths = {r["module"] for r in rows if r["kind"] == "block"}
+
+    def units(path: str, module: nn.Module) -> list[str]:
+        if path in block_paths or not any(b.startswith(path + ".") or not path for b in block_paths):
+            return [path]
+        return [u for name, child in module.named_children() for u in units(f"{path}.{name}" if path else name, child)]
+
+    counts = {u: sum(p.numel() for p in model.get_submodule(u).parameters() if p.requires_grad) for u in units("", model)}
     counts = {u: n for u, n in counts.items() if n and not any(u == f or u.startswith(f + ".") for f in frozen)}
     total, taken, out = sum(counts.values()), 0, []
     for unit, n in counts.items():
