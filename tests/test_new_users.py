@@ -117,3 +117,19 @@ def test_capture_notes_say_in_words_why_fx_gave_way(capsys):
     autocast = [r["apply"] for r in report["recommendations"] if r["kind"] == "low-precision"]
     if not torch.cuda.is_available():  # a CPU-only scan names the CPU's autocast
         assert all("torch.autocast('cpu'" in a for a in autocast)
+
+
+def test_fuse_keeps_trained_batch_norm_statistics(tmp_path):
+    """An instance whose batch norms carry statistics is fused as given: the saved program computes
+    what the model does (no random statistics put in their place)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8))
+    for _ in range(3):
+        model(torch.randn(4, 3, 16, 16) * 3 + 2)
+    model.eval()
+    x = torch.randn(1, 3, 16, 16)
+    result = archscan.fuse(model, [x], path=str(tmp_path / "f.pt2"))
+    assert "own weights" in result.weights and result.check.passed
+    got = torch.export.load(str(tmp_path / "f.pt2")).module()(x)
+    assert torch.allclose(got, model(x), atol=1e-5)

@@ -1,6 +1,7 @@
 """``archscan fuse``: fold batch norms, rewrite hand-written attention to SDPA, verify, save ``.pt2``.
 
-The model is built with real weights (``--weights``, or random ones with random batch-norm
+The model is built with real weights (``--weights``; an instance's own when its batch norms carry
+statistics; else random ones with random batch-norm
 statistics), exported with ``torch.export`` (non-strict), transformed on the exported graph
 (``fold.py``, ``attention.py``), exported again, and compared with the original on the same
 random inputs (``verify.py``). Only a program that passes is saved; ``torch.export.load(path)
@@ -29,7 +30,7 @@ from .attention import Rewrite, rewrite_attention
 from .fold import Fold, Kept, fold_batch_norms
 from .programs import export, latency_ab, plain_output, run, save_program
 from .verify import Check, compare
-from .weights import load_weights, randomize_batch_norms
+from .weights import fresh_batch_norms, load_weights, randomize_batch_norms
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,10 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
         strip_user_hooks(model)
         if weights is not None:
             load_weights(model, weights)
-        else:
+        elif fresh_batch_norms(model):
             randomize_batch_norms(model)
+        else:  # trained statistics (an instance, a factory that loads weights): the model as given is the reference
+            weights = "the model's own weights (its batch norms carry statistics)"
         model.eval()
         call = make_call(specs, dtype)
         output = run(model, call, "the original model")

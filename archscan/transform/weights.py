@@ -79,15 +79,38 @@ def load_weights(model: nn.Module, path: str) -> None:
                             hint="check the model's constructor arguments (--kwargs), or save model.state_dict()")
 
 
+def _norms(model: nn.Module) -> list[nn.Module]:
+    """The modules with floating running statistics (batch norms and their kin)."""
+    return [m for m in model.modules()
+            if isinstance(getattr(m, "running_mean", None), torch.Tensor) and isinstance(getattr(m, "running_var", None), torch.Tensor)
+            and m.running_mean.is_floating_point()]
+
+
+def fresh_batch_norms(model: nn.Module) -> bool:
+    """Are all the model's batch norms as a constructor leaves them (statistics 0 and 1, weight 1,
+    bias 0, no batch seen)? A model that carries trained or loaded weights has some that are not."""
+    with torch.no_grad():
+        for m in _norms(model):
+            seen = getattr(m, "num_batches_tracked", None)
+            weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+            if (m.running_mean.any() or not bool((m.running_var == 1).all())
+                    or (isinstance(seen, torch.Tensor) and bool(seen.any()))
+                    or (isinstance(weight, torch.Tensor) and not bool((weight == 1).all()))
+                    or (isinstance(bias, torch.Tensor) and bias.any())):
+                return False
+    return True
+
+
 def randomize_batch_norms(model: nn.Module) -> int:
     """Give every batch norm random statistics and affine parameters (a fresh model's are 0/1,
-    which would hide a wrong fold); returns how many it changed. Seeded by the caller."""
+    which would hide a wrong fold); returns how many it changed. Seeded by the caller. Only for a
+    freshly built model (``fresh_batch_norms``): trained statistics are the model's, left as they are."""
+    if not fresh_batch_norms(model):
+        return 0
     count = 0
     with torch.no_grad():
-        for module in model.modules():
-            mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
-            if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor) and mean.is_floating_point()):
-                continue
+        for module in _norms(model):
+            mean, var = module.running_mean, module.running_var
             mean.copy_(torch.randn_like(mean) * 0.5)
             var.copy_(torch.rand_like(var) * 1.5 + 0.5)
             for name, make in (("weight", lambda t: torch.rand_like(t) + 0.5), ("bias", lambda t: torch.randn_like(t) * 0.5)):
