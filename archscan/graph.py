@@ -18,6 +18,8 @@ can run side by side (the width of their reachability order, by Dilworth's theor
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import networkx as nx
@@ -117,19 +119,50 @@ def _block(g: nx.DiGraph, name: str, type_: str, kind: str, names: list[str]) ->
                  sum(elementwise_mac_bytes(n) for n in nodes), sum(n.flops for n in nodes if is_elementwise(n)))
 
 
+_JOIN = re.compile(r"(^|\.|_)(i?add|add_|cat|concat|stack|mul|sub)(\.|_|$)")
+
+
 def module_units(report: Report) -> list[tuple[str, str]]:
-    """(path, type) of every non-container module whose parent is a container (or a container root)."""
+    """(path, type) of the building blocks: the innermost repeated units, whatever the nesting.
+
+    A unit is a non-container module whose parent is a container (a ``Sequential``/``ModuleList``
+    item, or a container root's). Where a unit holds two or more units of one type that join
+    branches themselves (a residual add, a concatenation: a stage of blocks, timm's ``*Stage``, a
+    UNet's down block), those inner units are the blocks instead, so the same residual blocks are
+    the building blocks whether a model nests them in stages or lists them flat. A unit whose
+    inner units are plain chains (a conv-norm-activation inside an inverted residual) stays whole.
+    """
     mods = {m.path: m for m in report.modules}
-    units = []
+    candidates = []
     for m in report.modules:
         if not m.path or m.container or m.builtin or m.nodes == 0:
             continue
         parent = m.path.rsplit(".", 1)[0] if "." in m.path else ""
         if parent in mods and mods[parent].container:
-            units.append((m.path, m.type))
-    # keep the outermost units only
-    paths = {p for p, _ in units}
-    return [(p, t) for p, t in units if not any(q in paths for q in module_and_ancestors(p)[:-1])]
+            candidates.append((m.path, m.type))
+    types = dict(candidates)
+    joins = set()  # the modules (and their ancestors) holding a node that joins two values
+    for n in report.nodes:
+        if len(n.inputs) >= 2 and _JOIN.search(n.op):
+            joins.update(module_and_ancestors(n.module))
+
+    def directly_under(path: str) -> list[str]:
+        """The outermost candidates strictly inside ``path``."""
+        inside = [p for p in types if p.startswith(path + ".")]
+        return [p for p in inside if not any(q in types for q in module_and_ancestors(p)[:-1] if q.startswith(path + "."))]
+
+    def innermost(path: str) -> list[str]:
+        inner = directly_under(path)
+        by_type: dict[str, list[str]] = {}
+        for p in inner:
+            by_type.setdefault(types[p], []).append(p)
+        repeated = [p for group in by_type.values() if len(group) >= 2 and all(q in joins for q in group) for p in group]
+        if not repeated:
+            return [path]
+        return [q for p in sorted(repeated, key=list(types).index) for q in innermost(p)]
+
+    outermost = [p for p, _ in candidates if not any(q in types for q in module_and_ancestors(p)[:-1])]
+    return [(p, types[p]) for path in outermost for p in innermost(path)]
 
 
 def with_shared_inputs(g: nx.DiGraph) -> nx.DiGraph:

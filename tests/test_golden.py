@@ -24,6 +24,7 @@ def check(name: str, text: str) -> None:
 @pytest.fixture
 def net_report(monkeypatch):
     monkeypatch.chdir(ROOT)  # source lines are relative to the working directory
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the report of a CPU-only machine, on any machine
     return archscan.scan("tests/models/toy.py:Net", [(1, 3, 32, 32)], name="toy:Net")
 
 

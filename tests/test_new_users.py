@@ -133,3 +133,14 @@ def test_fuse_keeps_trained_batch_norm_statistics(tmp_path):
     assert "own weights" in result.weights and result.check.passed
     got = torch.export.load(str(tmp_path / "f.pt2")).module()(x)
     assert torch.allclose(got, model(x), atol=1e-5)
+
+
+def test_building_blocks_are_the_innermost_repeated_units(capsys):
+    """The same eight residual blocks are the building blocks, and give the same G3 finding,
+    whether the model nests them in two stages or lists them flat."""
+    staged = _scan_json(capsys, f"{MODELS}:Staged", "--input", "1,3,16,16")
+    flat = _scan_json(capsys, f"{MODELS}:Flat", "--input", "1,3,16,16")
+    assert [b["type"] for b in staged["blocks"]] == [b["type"] for b in flat["blocks"]] == ["Residual"] * 8
+    assert [b["fragments"] for b in staged["blocks"]] == [b["fragments"] for b in flat["blocks"]]
+    g3 = lambda r: sorted((f["severity"], f["message"]) for f in r["findings"] if f["rule"] == "G3")  # noqa: E731
+    assert g3(staged) == g3(flat) and g3(flat)

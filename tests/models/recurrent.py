@@ -52,3 +52,44 @@ def conv_net(width=1.0, act="relu"):
     return nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU() if act == "relu" else nn.GELU(),
                          nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
+
+
+class Residual(nn.Module):
+    def __init__(self, c=16):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return x + self.bn2(self.conv2(self.bn1(self.conv1(x)).relu())).relu().sigmoid() * 0.5
+
+
+class Stage(nn.Module):
+    """A custom (non-container) stage holding its blocks, as timm's *Stage and diffusers' down blocks do."""
+
+    def __init__(self, n=4):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Residual() for _ in range(n)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+class Staged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.stages = nn.Sequential(Stage(), Stage())
+
+    def forward(self, x):
+        return self.stages(self.stem(x))
+
+
+class Flat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.blocks = nn.Sequential(*[Residual() for _ in range(8)])
+
+    def forward(self, x):
+        return self.blocks(self.stem(x))
