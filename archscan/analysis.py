@@ -198,12 +198,19 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
         elif name == "_to_copy" and node.kwargs.get("device") is not None:
             attrs["device_move"] = True
     elif node.op == "call_method" and target in _DEVICE_METHODS:
-        moves = target != "to" or any(isinstance(a, (str, torch.device)) or (isinstance(a, torch.fx.Node)
-                                      and a.op == "call_function" and a.target is getattr)
-                                      for a in list(node.args[1:]) + [node.kwargs.get("device")])
+        moves = target != "to" or any(_names_device(a) for a in list(node.args[1:]) + [node.kwargs.get("device")])
         if moves:
             attrs.update(device_move=True, to_host=target == "cpu")
     return attrs
+
+
+def _names_device(arg) -> bool:
+    """Is this argument of ``Tensor.to`` a device ('cuda', a ``torch.device``, ``x.device``), not a
+    dtype (``torch.float16``, ``self.proj.weight.dtype``: a cast, not a move)?"""
+    if isinstance(arg, (str, torch.device)):
+        return True
+    return (isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is getattr
+            and len(arg.args) > 1 and arg.args[1] == "device")
 
 
 def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec], dtype, memory: bool = True) -> Report:

@@ -144,3 +144,9 @@ def test_building_blocks_are_the_innermost_repeated_units(capsys):
     assert [b["fragments"] for b in staged["blocks"]] == [b["fragments"] for b in flat["blocks"]]
     g3 = lambda r: sorted((f["severity"], f["message"]) for f in r["findings"] if f["rule"] == "G3")  # noqa: E731
     assert g3(staged) == g3(flat) and g3(flat)
+
+
+def test_dtype_casts_are_not_device_moves(capsys):
+    report = _scan_json(capsys, f"{MODELS}:Casts", "--input", "2,8")
+    assert not [f for f in report["findings"] if f["rule"] == "host-tensor"]
+    assert not [r for r in report["recommendations"] if r["kind"] == "buffer"]

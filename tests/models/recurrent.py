@@ -1,5 +1,6 @@
-"""Recurrent models for tests/test_new_users.py: each scanned through the file path (class)."""
+"""Models for tests/test_new_users.py, each scanned through the file path (class or factory)."""
 
+import torch
 import torch.nn as nn
 
 
@@ -93,3 +94,16 @@ class Flat(nn.Module):
 
     def forward(self, x):
         return self.blocks(self.stem(x))
+
+
+class Casts(nn.Module):
+    """Dtype casts in forward (mixed-precision code): not device moves."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = x.to(self.proj.weight.dtype)
+        y = self.proj(x).type_as(x)
+        return y.to(torch.float32) + y.float()
