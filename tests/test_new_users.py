@@ -150,3 +150,10 @@ def test_dtype_casts_are_not_device_moves(capsys):
     report = _scan_json(capsys, f"{MODELS}:Casts", "--input", "2,8")
     assert not [f for f in report["findings"] if f["rule"] == "host-tensor"]
     assert not [r for r in report["recommendations"] if r["kind"] == "buffer"]
+
+
+def test_parameters_unused_for_these_inputs_are_not_called_dead(capsys):
+    report = _scan_json(capsys, f"{MODELS}:OptionalPath", "--input", "2,8")
+    (f,) = [f for f in report["findings"] if f["rule"] == "unused-module"]
+    assert "not used in forward for these inputs" in f["message"] and "mask_token" in f["message"]
+    assert "scan with the inputs that do" in f["fix"]

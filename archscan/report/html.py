@@ -155,7 +155,7 @@ def _summary(report: dict) -> str:
         ("input", escape(", ".join(input_text(i) for i in report["inputs"]))),
         ("capture", escape(f"{report['capture']}, dtype {report['dtype']}")),
         ("params", f"{fmt_count(t['params'])} ({t['params']:,}; {fmt_bytes(t['param_bytes'])})"
-         + (f", {fmt_count(t['unused_params'])} never used in forward" if t.get("unused_params") else "")),
+         + (f", {fmt_count(t['unused_params'])} unused for these inputs" if t.get("unused_params") else "")),
         ("FLOPs", f"{fmt_count(t['flops'])} multiply-adds ({t['flops']:,})"),
         ("MAC", f"{fmt_bytes(t['mac_bytes'])} moved ({t['mac_bytes']:,} bytes: {fmt_bytes(t['read_bytes'])} read, "
                 f"{fmt_bytes(t['write_bytes'])} written, {fmt_bytes(t['weight_bytes'])} of it weights)"),

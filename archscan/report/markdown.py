@@ -73,7 +73,7 @@ def _summary(report: dict) -> list[str]:
     rows = [["input", _cell(", ".join(input_text(i, "x") for i in report["inputs"]))],
             ["capture", f"{report['capture']}, dtype {report['dtype']}"],
             ["params", f"{_int(t['params'])} ({_int(t['param_bytes'])} bytes)"
-             + (f", {_int(t['unused_params'])} never used in forward" if t.get("unused_params") else "")],
+             + (f", {_int(t['unused_params'])} unused for these inputs" if t.get("unused_params") else "")],
             ["FLOPs (multiply-adds)", _int(t["flops"])],
             ["MAC (bytes moved)", f"{_int(t['mac_bytes'])} ({_int(t['read_bytes'])} read, {_int(t['write_bytes'])} "
                                   f"written, {_int(t['weight_bytes'])} weights)"],

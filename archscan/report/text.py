@@ -98,7 +98,7 @@ def totals_lines(report: Report) -> list[str]:
     lines = [
         f"model      {report.model}  (capture: {report.capture}, dtype {report.dtype}, input {inputs})",
         f"params     {fmt_count(t.params)} ({t.params:,}; {fmt_bytes(t.param_bytes)})"
-        + (f", {fmt_count(t.unused_params)} never used in forward" if t.unused_params else ""),
+        + (f", {fmt_count(t.unused_params)} unused for these inputs" if t.unused_params else ""),
         f"FLOPs      {fmt_count(t.flops)} multiply-adds ({t.flops:,})",
         f"MAC        {fmt_bytes(t.mac_bytes)} moved ({t.mac_bytes:,} bytes: {fmt_bytes(t.read_bytes)} read, "
         f"{fmt_bytes(t.write_bytes)} written, {fmt_bytes(t.weight_bytes)} of it weights)",

@@ -136,7 +136,8 @@ def check_host_tensor(ctx: RuleContext) -> list[Finding]:
 
 
 def check_unused_module(ctx: RuleContext) -> list[Finding]:
-    """Registered modules and parameters forward never touches: memory for nothing."""
+    """Registered modules and parameters forward does not touch for these inputs (another input,
+    an optional argument or the other mode may use them: the finding says so)."""
     r = ctx.report
     if not r.unused_param_names:
         return []
@@ -148,18 +149,19 @@ def check_unused_module(ctx: RuleContext) -> list[Finding]:
     loose = sorted(set(r.unused_param_names) - covered)
     findings = [Finding(
         rule="unused-module", severity="warning", module=m.path,
-        message=f"{m.type} {m.path!r} is never used in forward ({m.params:,} parameters)",
+        message=f"{m.type} {m.path!r} is not used in forward for these inputs ({m.params:,} parameters)",
         evidence={"parameters": sorted(n for n in r.unused_param_names if n.startswith(m.path + "."))[:_SHOW]},
         saving={"params": m.params, "bytes": round(m.params * each)},
-        fix="delete it, or say why it exists (it is allocated, saved and loaded for nothing)",
+        fix="if no other input, argument or mode uses it, delete it (it is allocated, saved and loaded); "
+            "else scan with the inputs that do",
     ) for m in tops]
     if loose:
         count = r.totals.unused_params - sum(m.params for m in tops)
         findings.append(Finding(
             rule="unused-module", severity="warning", module=loose[0].rsplit(".", 1)[0] if "." in loose[0] else "",
-            message=f"parameters never used in forward: {', '.join(loose[:_SHOW])}",
+            message=f"parameters not used in forward for these inputs: {', '.join(loose[:_SHOW])}",
             evidence={"parameters": loose[:_SHOW]}, saving={"params": count, "bytes": round(count * each)},
-            fix="delete them, or say why they exist",
+            fix="if no other input, argument or mode uses them, delete them; else scan with the inputs that do",
         ))
     return findings
 

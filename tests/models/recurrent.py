@@ -107,3 +107,17 @@ class Casts(nn.Module):
         x = x.to(self.proj.weight.dtype)
         y = self.proj(x).type_as(x)
         return y.to(torch.float32) + y.float()
+
+
+class OptionalPath(nn.Module):
+    """A mask token used only when a mask is given (DINOv2's, Longformer's global attention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.mask_token = nn.Parameter(torch.zeros(8))
+
+    def forward(self, x, mask=None):
+        if mask is not None:
+            x = torch.where(mask[..., None], self.mask_token, x)
+        return self.proj(x)
