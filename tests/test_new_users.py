@@ -157,3 +157,16 @@ def test_parameters_unused_for_these_inputs_are_not_called_dead(capsys):
     (f,) = [f for f in report["findings"] if f["rule"] == "unused-module"]
     assert "not used in forward for these inputs" in f["message"] and "mask_token" in f["message"]
     assert "scan with the inputs that do" in f["fix"]
+
+
+def test_fuse_rewrites_a_learned_temperature_and_says_why_it_leaves_one(capsys, tmp_path):
+    """The scan's sdpa promise is kept: a per-head temperature folds into q; an attention whose
+    weights are returned is left, with its reason."""
+    scan = _scan_json(capsys, f"{MODELS}:Temperature", "--input", "2,16,32")
+    assert any(r["kind"] == "sdpa" for r in scan["recommendations"])
+    assert main(["fuse", f"{MODELS}:Temperature", "--input", "2,16,32", "-o", str(tmp_path / "t.pt2"), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert len(done["attention"]) == 1 and done["attention"][0]["temperature"] and done["check"]["passed"]
+    assert main(["fuse", f"{MODELS}:RelativeBiasReturned", "--input", "2,16,32", "-o", str(tmp_path / "r.pt2"), "--json"]) == 0
+    left = json.loads(capsys.readouterr().out)
+    assert not left["attention"] and "another reader" in left["attention_left"][0]["why"]

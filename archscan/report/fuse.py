@@ -38,6 +38,9 @@ def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
     attention = f"{len(result.attention)} hand-written attention(s) rewritten to scaled_dot_product_attention"
     if result.attention:
         attention += ": " + ", ".join(r.module for r in result.attention[:4]) + (" ..." if len(result.attention) > 4 else "")
+    if result.attention_left:
+        attention += f"; {len(result.attention_left)} left as written: " + "; ".join(
+            f"{m or '(model)'}: {why}" for m, why in result.attention_left[:3]) + (" ..." if len(result.attention_left) > 3 else "")
     rows.append(("attention", attention))
     c = result.check
     rows.append(("check", f"max abs error {c.max_abs_err:.2g}, max relative {c.max_rel_err:.2g} over {c.outputs} output(s) "

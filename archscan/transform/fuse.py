@@ -26,7 +26,7 @@ from ..errors import VerifyError
 from ..loading import InputSpec, ModelTarget, output_path  # noqa: F401  (output_path: archscan.transform's API)
 from ..measure.predict import report_totals
 from ..recording import output_tensors
-from .attention import Rewrite, rewrite_attention
+from .attention import Rewrite, rewrite_attention, unmatched
 from .fold import Fold, Kept, fold_batch_norms
 from .programs import export, latency_ab, plain_output, run, save_program
 from .verify import Check, compare
@@ -48,6 +48,7 @@ class FuseResult:
     after: dict                    # the same for the fused program
     latency: dict | None = None    # {"device", "before_ms", "after_ms", spreads} with --measure
     path: str | None = None        # where the program was saved
+    attention_left: tuple[tuple[str, str], ...] = ()  # (module, why) of softmaxes between matmuls not rewritten
     outputs_flattened: bool = False  # forward returns an object export cannot keep: the program returns its tensors
     program: Any = field(default=None, repr=False, compare=False)  # the fused ExportedProgram
 
@@ -61,6 +62,7 @@ class FuseResult:
             "weights": self.weights, "path": self.path,
             "folded": [vars(f) for f in self.folded], "folded_by_kind": self.folded_by_kind,
             "kept": [vars(k) for k in self.kept], "attention": [vars(r) for r in self.attention],
+            "attention_left": [{"module": m, "why": why} for m, why in self.attention_left],
             "check": self.check.to_json(), "before": self.before, "after": self.after,
             "outputs_flattened": self.outputs_flattened,
             **({"latency": self.latency} if self.latency is not None else {}),
@@ -96,11 +98,13 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
             gm = copy.deepcopy(original.module())
         folds = fold_batch_norms(gm)
         rewrites = rewrite_attention(gm) if attention else ()
+        left = unmatched(gm) if attention else ()
         fused = export(gm, call, what="the fused graph")
         check = compare(reference, output_tensors(run(fused.module(), call, "the fused program")), rtol, atol)
     before, after = program_totals(original, specs), program_totals(fused, specs)
     result = FuseResult(target.name, tuple(s.to_json() for s in specs), folds.folded, folds.kept, rewrites,
-                        check, weights, before, after, program=fused, outputs_flattened=not plain_output(output))
+                        check, weights, before, after, program=fused, outputs_flattened=not plain_output(output),
+                        attention_left=left)
     if not check.passed:
         error = VerifyError(
             f"the fused model differs from the original: max abs error {check.max_abs_err:.3g} "

@@ -121,3 +121,33 @@ class OptionalPath(nn.Module):
         if mask is not None:
             x = torch.where(mask[..., None], self.mask_token, x)
         return self.proj(x)
+
+
+class Temperature(nn.Module):
+    """Attention with a learned per-head temperature (XCiT's): the scores times a [heads, 1, 1] parameter."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.temperature = nn.Parameter(torch.rand(heads, 1, 1) + 0.5)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * self.temperature
+        return self.proj((attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class RelativeBiasReturned(nn.Module):
+    """Attention whose weights are also returned: they must be written, so fuse leaves it and says why."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        attn = (q @ k.transpose(-2, -1) * 0.125).softmax(dim=-1)
+        return attn @ v, attn
