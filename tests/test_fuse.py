@@ -333,6 +333,16 @@ def test_attention_that_is_not_sdpa_stays(variant, tmp_path):
     assert "aten.softmax.int" in ops
     assert r.check.max_abs_err == 0.0 and r.after == r.before
     assert r.check.outputs == (2 if variant == "returns_weights" else 1)
+    assert len(r.attention_left) == 1 and r.attention_left[0][1]  # left as written, and why
+
+
+@pytest.mark.parametrize("variant", fusable.HandAttention.TEMPERATURE)
+def test_a_learned_temperature_folds_into_q(variant, tmp_path):
+    r = _attention(variant, tmp_path)  # outputs checked against the module itself
+    (rw,) = r.attention
+    assert rw.temperature and rw.scale == 1.0 and r.attention_left == ()
+    assert "aten.scaled_dot_product_attention.default" in call_ops(r.program)
+    assert r.check.passed and r.check.max_rel_err < RTOL
 
 
 def test_no_attention_flag_leaves_attention(tmp_path):

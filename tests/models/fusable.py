@@ -189,7 +189,8 @@ class HandAttention(nn.Module):
     several ways (``variant``); the negative variants are not attention SDPA computes the same way."""
 
     REWRITTEN = ("mask", "div_sqrt", "masked_fill", "no_mask", "dropout", "prescaled")
-    KEPT = ("softmax_dim1", "returns_weights", "tensor_scale", "mask_after_softmax")
+    KEPT = ("softmax_dim1", "returns_weights", "mask_after_softmax")
+    TEMPERATURE = ("tensor_scale",)  # a learned scalar temperature: folded into q
 
     def __init__(self, variant: str = "mask"):
         super().__init__()
