@@ -170,3 +170,12 @@ def test_fuse_rewrites_a_learned_temperature_and_says_why_it_leaves_one(capsys, 
     assert main(["fuse", f"{MODELS}:RelativeBiasReturned", "--input", "2,16,32", "-o", str(tmp_path / "r.pt2"), "--json"]) == 0
     left = json.loads(capsys.readouterr().out)
     assert not left["attention"] and "another reader" in left["attention_left"][0]["why"]
+
+
+@pytest.mark.parametrize("command", [["fuse"], ["prune", "--group", "10", "--ratio", "0.3"]])
+def test_saved_programs_take_any_batch(capsys, tmp_path, command):
+    """A fused or pruned program traced at batch 1 runs at batch 3: its batch dimension is dynamic."""
+    path = str(tmp_path / "m.pt2")
+    assert main([command[0], "zoo:resnet18", "--input", "1,3,32,32", *command[1:], "-o", path]) == 0, capsys.readouterr().err
+    program = torch.export.load(path).module()
+    assert program(torch.randn(3, 3, 32, 32)).shape == (3, 1000)

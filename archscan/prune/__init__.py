@@ -321,7 +321,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
     ``target`` and ``specs`` take what ``archscan.scan`` takes: a module, class, factory or target
     string, and shapes or specs. ``group_ids`` are the ids ``archscan prune --list`` shows.
     """
-    from ..transform.programs import export, latency_ab, save_program
+    from ..transform.programs import batch_call, export, latency_ab, save_program
     from ..transform.weights import load_weights
 
     kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
@@ -358,7 +358,7 @@ def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | An
             raise CaptureError(f"the pruned model does not run{at(exc, target.source_file)}: {short(exc)}",
                                hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from exc
         after = totals(analyse_model(model, specs, dtype=dtype, name=target.name, memory=False))
-        program = export(model, call, output, "the pruned model")
+        program = export(model, call, output, "the pruned model", batch=batch_call(specs, dtype))
     sources = _sources(before_report)
     groups = tuple({**describe(g, sources), "kept": g.channels - len(c), "cut": len(c)} for g, c in cuts)
     result = PruneResult(target.name, ratio, groups, totals(before_report), predicted, after,

@@ -28,7 +28,7 @@ from ..measure.predict import report_totals
 from ..recording import output_tensors
 from .attention import Rewrite, rewrite_attention, unmatched
 from .fold import Fold, Kept, fold_batch_norms
-from .programs import export, latency_ab, plain_output, run, save_program
+from .programs import batch_call, export, latency_ab, plain_output, run, save_program
 from .verify import Check, compare
 from .weights import fresh_batch_norms, load_weights, randomize_batch_norms
 
@@ -92,14 +92,15 @@ def fuse(target: ModelTarget, specs: Sequence[InputSpec], *, kwargs: dict | None
         call = make_call(specs, dtype)
         output = run(model, call, "the original model")
         reference = output_tensors(output)
-        original = export(model, call, output)
+        batch = batch_call(specs, dtype)  # the saved program takes any batch where the model allows it
+        original = export(model, call, output, batch=batch)
         with warnings.catch_warnings():  # the program's tree specs warn about their own deprecations
             warnings.simplefilter("ignore", FutureWarning)
             gm = copy.deepcopy(original.module())
         folds = fold_batch_norms(gm)
         rewrites = rewrite_attention(gm) if attention else ()
         left = unmatched(gm) if attention else ()
-        fused = export(gm, call, what="the fused graph")
+        fused = export(gm, call, what="the fused graph", batch=batch)
         check = compare(reference, output_tensors(run(fused.module(), call, "the fused program")), rtol, atol)
     before, after = program_totals(original, specs), program_totals(fused, specs)
     result = FuseResult(target.name, tuple(s.to_json() for s in specs), folds.folded, folds.kept, rewrites,

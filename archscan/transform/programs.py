@@ -4,13 +4,16 @@ time the original against the changed program, interleaved (``archscan fuse`` an
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import os
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..building import Call
+from ..building import Call, make_call
 from ..capture import export_program
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
@@ -28,9 +31,24 @@ def run(model: nn.Module, call: Call, what: str) -> Any:
         raise CaptureError(f"{what} failed on the example inputs: {short(exc)}") from exc
 
 
-def export(model: nn.Module, call: Call, reference: Any = None, what: str = "the model") -> torch.export.ExportedProgram:
+def export(model: nn.Module, call: Call, reference: Any = None, what: str = "the model",
+           batch: Call | None = None) -> torch.export.ExportedProgram:
     """Export with forward's own output structure when export can keep it (a tensor, tuples, lists
-    and dicts of them), else with the output flattened to a tuple of its tensors."""
+    and dicts of them), else with the output flattened to a tuple of its tensors. With ``batch``
+    (the inputs at batch 2 or more, ``batch_call``), the first dimension of every input is left
+    dynamic where the model allows it (export specialises a batch of 1), so the saved program
+    takes any batch; a model that fixes its batch is exported as given."""
+    if batch is not None:
+        try:
+            names = list(inspect.signature(model.forward).bind(*batch.args, **batch.kwargs).arguments)
+            dim = torch.export.Dim("batch", min=1)
+            with quiet():
+                program = torch.export.export(model, batch.args, batch.kwargs, strict=False,
+                                              dynamic_shapes={n: {0: dim} for n in names})
+            program.example_inputs = (call.args, call.kwargs)
+            return program
+        except Exception:  # the model fixes its batch (or an input is not batch-first): as given
+            pass
     try:
         with quiet():
             if isinstance(model, torch.fx.GraphModule) or plain_output(reference):
@@ -42,6 +60,13 @@ def export(model: nn.Module, call: Call, reference: Any = None, what: str = "the
         raise CaptureError(f"torch.export could not export {what}: {short(exc)}",
                            hint="archscan fuse works on models torch.export can capture; "
                                 "`archscan MODEL` shows which capture works") from exc
+
+
+def batch_call(specs, dtype) -> Call | None:
+    """The inputs at batch max(2, batch) for a dynamic-batch export (None when an input has no batch)."""
+    if not specs or any(not s.shape for s in specs):
+        return None
+    return make_call([dataclasses.replace(s, shape=(max(2, s.shape[0]), *s.shape[1:])) for s in specs], dtype)
 
 
 def plain_output(output: Any) -> bool:
