@@ -179,3 +179,24 @@ def test_saved_programs_take_any_batch(capsys, tmp_path, command):
     assert main([command[0], "zoo:resnet18", "--input", "1,3,32,32", *command[1:], "-o", path]) == 0, capsys.readouterr().err
     program = torch.export.load(path).module()
     assert program(torch.randn(3, 3, 32, 32)).shape == (3, 1000)
+
+
+def test_a_failed_save_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A save that fails halfway leaves neither a partial program nor a temporary file; an earlier
+    program at the path is kept."""
+    from archscan.transform.programs import save_program
+
+    program = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    path = tmp_path / "m.pt2"
+    save_program(program, str(path))
+    before = path.read_bytes()
+
+    def half_then_fail(program, f, *args, **kwargs):
+        with open(f, "wb") as fh:
+            fh.write(b"partial")
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(torch.export, "save", half_then_fail)
+    with pytest.raises(RuntimeError):
+        save_program(program, str(path))
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2"]

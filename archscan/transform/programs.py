@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -81,14 +82,22 @@ def plain_output(output: Any) -> bool:
 
 
 def save_program(program: torch.export.ExportedProgram, path: str) -> None:
-    """``torch.export.save`` with one clear line for a missing directory or a full disk."""
+    """``torch.export.save`` with one clear line for a missing directory or a full disk. It writes
+    a temporary file beside ``path`` and renames it: a save that fails halfway (a full disk, an
+    exception, an interrupt) leaves no partial program behind, and an earlier file is kept."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
+    fd, temporary = tempfile.mkstemp(prefix=".archscan-", suffix=".pt2.partial", dir=parent)
+    os.close(fd)
     try:
-        torch.export.save(program, path)
+        torch.export.save(program, temporary)
+        os.replace(temporary, path)
     except OSError as exc:
         raise ArchscanError(f"cannot save to {path}: {exc.strerror or exc}") from None
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
 
 
 def latency_ab(model: nn.Module, changed: torch.export.ExportedProgram, call: Call, device: torch.device) -> dict:
