@@ -137,7 +137,7 @@ def trace_export(model: nn.Module, call: Call) -> torch.fx.GraphModule:
     return export_program(model, call).module()
 
 
-def export_program(model: nn.Module, call: Call) -> torch.export.ExportedProgram:
+def export_program(model: nn.Module, call: Call, dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     """``torch.export.export(model, ..., strict=False)`` with forward's output flattened.
 
     Whatever forward returns (a Hugging Face ``DynamicCache`` inside a ``ModelOutput``, any
@@ -152,7 +152,7 @@ def export_program(model: nn.Module, call: Call) -> torch.export.ExportedProgram
 
     model.forward = flat_forward  # on this instance only: export still sees the same module tree
     try:
-        return torch.export.export(model, call.args, call.kwargs, strict=False)
+        return torch.export.export(model, call.args, call.kwargs, strict=False, dynamic_shapes=dynamic_shapes)
     finally:
         del model.forward
 

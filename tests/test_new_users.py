@@ -200,3 +200,12 @@ def test_a_failed_save_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         save_program(program, str(path))
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2"]
+
+
+def test_distill_saves_a_student_of_a_model_with_a_namedtuple_output(capsys, tmp_path):
+    """A model that returns a namedtuple in training mode: the student's program is saved (its
+    outputs flattened to a tuple), loads with torch alone and takes any batch."""
+    path = str(tmp_path / "s.pt2")
+    assert main(["distill", f"{MODELS}:NamedOutput", "--input", "2,3,32,32", "-o", path]) == 0, capsys.readouterr().err
+    outputs = torch.export.load(path).module()(torch.randn(3, 3, 32, 32))
+    assert [tuple(t.shape) for t in outputs] == [(3, 10), (3, 10)]

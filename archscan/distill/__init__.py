@@ -359,38 +359,20 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
 def _export(module: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None,
             train: bool = True) -> tuple[torch.export.ExportedProgram, bool, Call]:
     """(program, dynamic batch?, the inputs it was traced on): ``module`` exported in training (or
-    eval) mode.
+    eval) mode, its batch dimension dynamic where the model allows it, its output flattened to its
+    tensors when export cannot keep it (a namedtuple, a ``ModelOutput``), as fuse and prune save
+    theirs (``archscan.transform.programs.export``)."""
+    from ..transform.programs import batch_call, export
 
-    The batch dimension (dim 0 of every input) is made dynamic where the model allows it; export
-    specialises a size-1 dimension, so the program is traced at batch 2 and keeps the given
-    inputs as its example. A model that fixes its batch size is exported as given.
-    """
     module.train(train)
     call = make_call(specs, dtype)
-    doubled = [dataclasses.replace(s, shape=(max(2, s.shape[0]), *s.shape[1:])) for s in specs if s.shape]
-    program, used = None, call
-    if len(doubled) == len(specs):
-        batch = make_call(doubled, dtype)
-        try:
-            names = inspect.signature(module.forward).bind(*batch.args, **batch.kwargs).arguments
-            dim = torch.export.Dim("batch", min=1)
-            with quiet():
-                program = torch.export.export(module, batch.args, batch.kwargs, strict=False,
-                                              dynamic_shapes={n: {0: dim} for n in names})
-            program.example_inputs = (call.args, call.kwargs)
-            used = batch
-        except Exception:
-            program = None  # the model fixes its batch size (or its inputs are not batch-first)
-    dynamic = program is not None
-    if program is None:
-        try:
-            with quiet():
-                program = torch.export.export(module, call.args, call.kwargs, strict=False)
-        except Exception as exc:
-            raise CaptureError(f"torch.export could not export the student: {short(exc)}",
-                               hint="archscan distill saves students torch.export can capture; `archscan MODEL "
-                                    "--capture export` shows whether the model exports") from exc
-    return program, dynamic, used
+    buffers = {name: b.clone() for name, b in module.named_buffers()}
+    with torch.no_grad():
+        reference = call(module)  # what forward returns in this mode; the statistics it moved go back
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+    program = export(module, call, reference, "the student", batch=batch_call(specs, dtype))
+    return program, bool(program.range_constraints), call
 
 
 def _run(program: torch.export.ExportedProgram, call: Call, what: str) -> None:

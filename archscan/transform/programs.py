@@ -39,20 +39,22 @@ def export(model: nn.Module, call: Call, reference: Any = None, what: str = "the
     (the inputs at batch 2 or more, ``batch_call``), the first dimension of every input is left
     dynamic where the model allows it (export specialises a batch of 1), so the saved program
     takes any batch; a model that fixes its batch is exported as given."""
+    plain = isinstance(model, torch.fx.GraphModule) or plain_output(reference)
     if batch is not None:
         try:
             names = list(inspect.signature(model.forward).bind(*batch.args, **batch.kwargs).arguments)
             dim = torch.export.Dim("batch", min=1)
+            shapes = {n: {0: dim} for n in names}
             with quiet():
-                program = torch.export.export(model, batch.args, batch.kwargs, strict=False,
-                                              dynamic_shapes={n: {0: dim} for n in names})
+                program = (torch.export.export(model, batch.args, batch.kwargs, strict=False, dynamic_shapes=shapes)
+                           if plain else export_program(model, batch, shapes))
             program.example_inputs = (call.args, call.kwargs)
             return program
         except Exception:  # the model fixes its batch (or an input is not batch-first): as given
             pass
     try:
         with quiet():
-            if isinstance(model, torch.fx.GraphModule) or plain_output(reference):
+            if plain:
                 return torch.export.export(model, call.args, call.kwargs, strict=False)
             return export_program(model, call)
     except ArchscanError:
@@ -88,7 +90,7 @@ def save_program(program: torch.export.ExportedProgram, path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
-    fd, temporary = tempfile.mkstemp(prefix=".archscan-", suffix=".pt2.partial", dir=parent)
+    fd, temporary = tempfile.mkstemp(prefix=".archscan-partial-", suffix=".pt2", dir=parent)
     os.close(fd)
     try:
         torch.export.save(program, temporary)

@@ -151,3 +151,22 @@ class RelativeBiasReturned(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         attn = (q @ k.transpose(-2, -1) * 0.125).softmax(dim=-1)
         return attn @ v, attn
+
+
+class NamedOutput(nn.Module):
+    """Returns a namedtuple in training mode (torchvision's inception_v3 returns InceptionOutputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.blocks = nn.Sequential(*[Residual() for _ in range(3)])
+        self.head = nn.Linear(16, 10)
+        self.aux = nn.Linear(16, 10)
+
+    def forward(self, x):
+        import collections
+
+        y = self.blocks(self.stem(x)).mean((2, 3))
+        if self.training:
+            return collections.namedtuple("Outputs", ["logits", "aux_logits"])(self.head(y), self.aux(y))
+        return self.head(y)
