@@ -209,3 +209,10 @@ def test_distill_saves_a_student_of_a_model_with_a_namedtuple_output(capsys, tmp
     assert main(["distill", f"{MODELS}:NamedOutput", "--input", "2,3,32,32", "-o", path]) == 0, capsys.readouterr().err
     outputs = torch.export.load(path).module()(torch.randn(3, 3, 32, 32))
     assert [tuple(t.shape) for t in outputs] == [(3, 10), (3, 10)]
+
+
+def test_g1_only_where_balancing_channels_is_the_fix(capsys):
+    """A 1:1 strided conv and a 2-class output conv get no G1 finding (channel balance cannot fix
+    them); the 32->256 1x1 conv does."""
+    report = _scan_json(capsys, f"{MODELS}:FixedByTheTask", "--input", "1,32,64,64")
+    assert [f["module"] for f in report["findings"] if f["rule"] == "G1"] == ["expand"]

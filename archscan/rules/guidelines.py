@@ -62,13 +62,17 @@ def _balance(c1: int, c2: int) -> str:
 
 
 def check_g1(ctx: RuleContext) -> list[Finding]:
-    """G1: MAC of each ungrouped conv against the lower bound at the same FLOPs."""
+    """G1: MAC of each ungrouped conv against the lower bound at the same FLOPs, where balancing the
+    channels is the fix: input and output maps of one size (the paper's setting), and channel
+    counts the task does not fix (an image's 3 in, a 2-class or RGB output)."""
     findings = []
     total_mac = ctx.report.totals.mac_bytes or 1
     for n in _convs(ctx):
-        if n.attrs["groups"] != 1 or n.attrs["in_channels"] <= 4:
-            continue  # grouped convs are G2's; an image stem's 1-4 input channels are fixed by the data
+        if n.attrs["groups"] != 1 or n.attrs["in_channels"] <= 4 or n.attrs["out_channels"] <= 4:
+            continue  # grouped convs are G2's; 1-4 channels in (an image) or out (classes, RGB) are fixed by the task
         terms = conv_mac_terms(n)
+        if terms[0] != terms[1]:
+            continue  # a strided (or unpadded) conv: its maps differ in size, and channel balance is not the fix
         mac, bound = conv_mac_elements(*terms), g1_lower_bound(*terms)
         ratio = mac / bound
         excess = (mac - bound) * dtype_size(n.dtype)
