@@ -197,10 +197,23 @@ def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
         join = ipdom[f]
         if join == sink:
             continue
-        between = (nx.descendants(g, f) & nx.ancestors(g, join)) | {join}  # the fork feeds the block
+        between = _reached_before(g, f, join)  # the fork feeds the block
         order = [n for n in nx.topological_sort(g.subgraph(between))]
         regions.append((f, join, order))
     return regions
+
+
+def _reached_before(g: nx.DiGraph, fork: str, join: str) -> set[str]:
+    """The nodes after ``fork`` up to and including ``join``, its post-dominator: every path from
+    the fork passes the join, so a walk that does not go past the join stays between the two
+    (descendants of the fork that are ancestors of the join), in the region's size, not the graph's."""
+    seen, todo = {join}, [fork]
+    while todo:
+        for n in g.successors(todo.pop()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
 
 
 def find_blocks(report: Report, g: nx.DiGraph | None = None) -> list[Block]:
