@@ -216,3 +216,19 @@ def test_g1_only_where_balancing_channels_is_the_fix(capsys):
     them); the 32->256 1x1 conv does."""
     report = _scan_json(capsys, f"{MODELS}:FixedByTheTask", "--input", "1,32,64,64")
     assert [f["module"] for f in report["findings"] if f["rule"] == "G1"] == ["expand"]
+
+
+def test_prune_passes_channels_through_ops_that_do_not_move_them(tmp_path):
+    """Hardswish, in-place Mish, PReLU (its weight cut with the channels) and a spatial torch.roll
+    leave every conv's channel group cuttable; the PReLU group cut by half counts exactly."""
+    from archscan.loading import resolve_target
+    from archscan.prune import analyse, prune
+
+    target, specs = resolve_target(f"{MODELS}:Activations"), [archscan.InputSpec((1, 3, 16, 16))]
+    grouping = analyse(target, specs)
+    cuttable = [g for g in grouping.groups if g.pinned is None]
+    assert len(cuttable) == 4 and not grouping.unknown_ops
+    (prelu,) = [g for g in cuttable if "a2.weight" in {m.param for m in g.members}]
+    result = prune(target, specs, group_ids=[prelu.id], ratio=0.5, path=str(tmp_path / "p.pt2"))
+    # c2: 32 -> 16 filters (3x3x32 + bias), PReLU 32 -> 16, c3 reads 16 channels
+    assert result.before["params"] - result.after["params"] == 16 * (32 * 9 + 1) + 16 + 32 * 16 * 9

@@ -163,7 +163,12 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 _SAME = {aten.clone.default, aten.alias.default, aten.detach.default, aten._to_copy.default, aten.contiguous.default,
          aten.lift_fresh_copy.default, aten.lift_fresh.default, aten.dropout.default, aten.native_dropout.default,
          aten._softmax.default, aten.softmax.int, aten._log_softmax.default, aten._safe_softmax.default,
-         aten.relu_.default, aten.hardtanh_.default, aten.silu_.default}
+         aten.relu_.default, aten.hardtanh_.default, aten.silu_.default,
+         # unary element-wise ops torch does not tag pointwise (and the in-place forms of some it does)
+         aten.hardswish.default, aten.hardswish_.default, aten.mish_.default, aten.gelu_.default,
+         aten.threshold_.default}
+# element-wise with a per-channel weight broadcast to the input (PReLU's, viewed to [C, 1, 1])
+_POINTWISE_UNTAGGED = {aten._prelu_kernel.default}
 # channel-wise ops: the output keeps the input's labels (sizes change only on unlabeled dims)
 _CHANNELWISE = {aten.max_pool2d_with_indices.default, aten.max_pool2d.default, aten.avg_pool2d.default,
                 aten.max_pool1d.default, aten.avg_pool1d.default, aten.max_pool3d_with_indices.default,
@@ -288,8 +293,10 @@ class LabelMode(TorchDispatchMode):
             return self.set(out, None)
         if func in _SAME:
             return self._same(args, out)
-        if torch.Tag.pointwise in func.tags:
+        if torch.Tag.pointwise in func.tags or func in _POINTWISE_UNTAGGED:
             return self._pointwise(func, args, kwargs, out)
+        if func is aten.roll.default:
+            return self._roll(args, out)
         if func in _VIEWS:
             return self._view(args[0], out)
         handler = _HANDLERS.get(func.overloadpacket)
@@ -375,6 +382,20 @@ class LabelMode(TorchDispatchMode):
 
     def _view(self, x: torch.Tensor, out: torch.Tensor) -> None:
         _view_like(self, x, out, pin_splits=True)
+
+    def _roll(self, args, out) -> None:
+        """``torch.roll``: each position's labels move with it (Swin's shifted windows roll the
+        spatial dims, so the channel labels stay where they are)."""
+        x, shifts, dims = args[0], args[1], (args[2] if len(args) > 2 else [])
+        lab = self.lab(x)
+        if lab is None:
+            return self.set(out, None)
+        if not dims:  # rolled as a flat tensor: the labels of a broadcast array cannot follow
+            if lab.size > 1:
+                self.pin("torch.roll over the flattened tensor", lab)
+            return self.set(out, None)
+        full = np.broadcast_to(lab, x.shape) if any(lab.shape[d] != x.shape[d] for d in dims if lab.shape[d] != 1) else lab
+        self.set(out, np.roll(full, shifts, dims))
 
     def _channelwise(self, x, out) -> None:
         lab = self.lab(x)

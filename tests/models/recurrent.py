@@ -183,3 +183,20 @@ class FixedByTheTask(nn.Module):
 
     def forward(self, x):
         return self.head(self.expand(self.patch(x)))
+
+
+class Activations(nn.Module):
+    """Activations with no pointwise tag (Hardswish, in-place Mish), a per-channel PReLU, and a
+    torch.roll over the spatial dims (Swin's shifted windows): none of them moves channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.a1 = nn.Conv2d(3, 32, 3, padding=1), nn.Hardswish()
+        self.c2, self.a2 = nn.Conv2d(32, 32, 3, padding=1), nn.PReLU(32)
+        self.c3, self.a3 = nn.Conv2d(32, 32, 3, padding=1), nn.Mish(inplace=True)
+        self.c4 = nn.Conv2d(32, 32, 3, padding=1)
+        self.head = nn.Conv2d(32, 10, 1)
+
+    def forward(self, x):
+        x = self.a3(self.c3(self.a2(self.c2(self.a1(self.c1(x))))))
+        return self.head(torch.roll(self.c4(x), shifts=(2, 2), dims=(2, 3)))
