@@ -232,3 +232,12 @@ def test_prune_passes_channels_through_ops_that_do_not_move_them(tmp_path):
     result = prune(target, specs, group_ids=[prelu.id], ratio=0.5, path=str(tmp_path / "p.pt2"))
     # c2: 32 -> 16 filters (3x3x32 + bias), PReLU 32 -> 16, c3 reads 16 channels
     assert result.before["params"] - result.after["params"] == 16 * (32 * 9 + 1) + 16 + 32 * 16 * 9
+
+
+def test_packed_rnn_sync_is_where_lengths_go_to_the_host(capsys):
+    """nn.LSTM reads a PackedSequence's batch_sizes, which the host holds: no sync there; the
+    sync is pack_padded_sequence's copy of the lengths to the host."""
+    report = _scan_json(capsys, f"{MODELS}:PackedLSTM", "--input", "4,50:int64=1..99", "--input", "4:int64=1..50")
+    syncs = [f for f in report["findings"] if f["rule"] == "host-sync"]
+    assert len(syncs) == 1 and "pack_padded_sequence copies its lengths" in syncs[0]["message"]
+    assert syncs[0]["source"].endswith("recurrent.py:45") and syncs[0]["module"] != "lstm"

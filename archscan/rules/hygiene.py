@@ -56,11 +56,40 @@ def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
 _SYNC_OPS = {"Tensor.item", "Tensor.tolist", "Tensor.numpy", "Tensor.cpu"}
 
 
+# ops whose result the host holds by contract: reading it makes no device wait (a PackedSequence's
+# batch_sizes, which nn.LSTM reads with batch_sizes[0])
+_HOST_RESULT_OPS = ("aten._pack_padded_sequence",)
+# ops that take an argument on the host: given a device tensor, they copy it there first (a sync;
+# pack_padded_sequence moves its lengths to the CPU)
+_HOST_ARGUMENT_OPS = ("aten._pack_padded_sequence",)
+_VIEW_OPS = ("aten.select", "aten.slice", "aten.view", "aten._unsafe_view", "aten.reshape", "aten.alias",
+             "aten.squeeze", "aten.unsqueeze", "aten.detach")
+
+
+def _reads_host_tensor(n: NodeReport, by_name: dict) -> bool:
+    """Does this value read (``.item()``, ``_local_scalar_dense``) come from a tensor the host holds
+    by contract, through views?"""
+    todo, seen = list(n.inputs), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        src = by_name[name]
+        if src.op.startswith(_HOST_RESULT_OPS):
+            return True
+        if src.op.startswith(_VIEW_OPS):
+            todo.extend(src.inputs)
+    return False
+
+
 def check_host_sync(ctx: RuleContext) -> list[Finding]:
     """Ops that make the host wait for the device: .item(), .tolist(), nonzero(), .cpu(), tensor-valued
     branches: graph nodes, and the Python-level calls the capture saw but its graph does not keep."""
+    by_name = {n.name: n for n in ctx.report.nodes}
     syncs = [n for n in ctx.report.nodes
-             if n.category == "host_sync" or n.op in _SYNC_OPS or n.attrs.get("to_host")]
+             if ((n.category == "host_sync" or n.op in _SYNC_OPS or n.attrs.get("to_host"))
+                 and not _reads_host_tensor(n, by_name)) or n.op in _HOST_ARGUMENT_OPS]
     if not syncs and not ctx.report.host_syncs:
         return []
     by_line: dict[str, list[NodeReport]] = defaultdict(list)
@@ -77,6 +106,8 @@ def check_host_sync(ctx: RuleContext) -> list[Finding]:
         findings.append(Finding(
             rule="host-sync", severity="warning", module=_where(nodes) if nodes else line,
             message=f"host-device synchronisation in forward: {', '.join(ops)}"
+                    + ("; pack_padded_sequence copies its lengths to the host (keep them there: "
+                       "lengths.cpu() once, outside forward)" if any(o.startswith(_HOST_ARGUMENT_OPS) for o in ops) else "")
                     + (" (also why the graph could not be captured)" if notes else ""),
             evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": ops, "capture": notes},
             saving={"syncs": max(len(nodes), sum(calls.get(line, {}).values()))},
