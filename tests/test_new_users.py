@@ -241,3 +241,16 @@ def test_packed_rnn_sync_is_where_lengths_go_to_the_host(capsys):
     syncs = [f for f in report["findings"] if f["rule"] == "host-sync"]
     assert len(syncs) == 1 and "pack_padded_sequence copies its lengths" in syncs[0]["message"]
     assert syncs[0]["source"].endswith("recurrent.py:45") and syncs[0]["module"] != "lstm"
+
+
+def test_no_shuffle_student_for_a_channels_last_stage(capsys):
+    """Blocks on [N, H, W, C] maps get no ShuffleNetV2-unit student (it would take H for the
+    channels); a channels-first residual block does."""
+    from archscan.distill.students import candidates
+
+    def ids(cls):
+        report = archscan.scan(f"{MODELS}:{cls}", "2,3,32,32", recommend=False, rules=[])
+        return [s.id for s in candidates(report)]
+
+    assert ids("ChannelsLast") and not [i for i in ids("ChannelsLast") if i.startswith("shuffle:")]
+    assert any(i.startswith("shuffle:") for i in ids("Flat"))

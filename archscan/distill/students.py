@@ -412,9 +412,17 @@ def _replace_recipe(path: str, in_channels: int, out_channels: int, stride: int)
     return recipe
 
 
+def _channels_first(view: Teacher, path: str, channels: int) -> bool:
+    """Is dim 1 of the block's input its channels? Its first convolution reads that many channels
+    (a block with no convolution, or one that reads another dim, holds its channels elsewhere)."""
+    convs = [n for n in view.nodes(path) if "in_channels" in n.attrs]
+    return bool(convs) and convs[0].attrs["in_channels"] == channels
+
+
 def shuffle_students(view: Teacher) -> list[Student]:
-    """Per block (or top-level module of its own) with [N, C, H, W] input and output: a
-    ShuffleUnit with the same shapes, when it has fewer parameters than the block."""
+    """Per block (or top-level module of its own) with [N, C, H, W] input and output (its first
+    convolution reads dim 1: a channels-last block gets none): a ShuffleUnit with the same
+    shapes, when it has fewer parameters than the block."""
     out = []
     for s in view.ranking:
         m = view.modules[s.path]
@@ -424,6 +432,8 @@ def shuffle_students(view: Teacher) -> list[Student]:
         stride = unit_stride(in_shape, m.out_shape)
         if stride is None or unit_params(in_shape[1], m.out_shape[1], stride) >= m.params:
             continue
+        if not _channels_first(view, s.path, in_shape[1]):
+            continue  # its dim 1 is not its channels (a channels-last stage: N, H, W, C)
         c_in, c_out = in_shape[1], m.out_shape[1]
         out.append(Student(
             id=f"shuffle:{s.path}", kind="shuffle-unit",

@@ -200,3 +200,27 @@ class Activations(nn.Module):
     def forward(self, x):
         x = self.a3(self.c3(self.a2(self.c2(self.a1(self.c1(x))))))
         return self.head(torch.roll(self.c4(x), shifts=(2, 2), dims=(2, 3)))
+
+
+class ChannelsLastBlock(nn.Module):
+    """A block on [N, H, W, C] maps (timm's sequencer2d): an MLP over the last dim."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class ChannelsLast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 4, stride=4)
+        self.blocks = nn.Sequential(*[ChannelsLastBlock() for _ in range(4)])
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.stem(x).permute(0, 2, 3, 1)  # N, H, W, C
+        return self.head(self.blocks(x).mean((1, 2)))
