@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .costs import OpCost, cost_op, storage_key, tensors_in
+from .costs.kernels import run_op
 from .frames import is_user_file, where
 
 
@@ -46,7 +47,7 @@ class OpRecorder(TorchDispatchMode):
             # the real kernel refuses float indices; the fake one of torch < 2.13 does not check
             raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "
                                f"Long, Int; but got {args[1].dtype} instead")
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         if func.namespace == "prim":  # prim.device and friends: metadata queries, no work
             return out
         cost = cost_op(func, args, kwargs, out, self.weight_keys)

@@ -254,3 +254,18 @@ def test_no_shuffle_student_for_a_channels_last_stage(capsys):
 
     assert ids("ChannelsLast") and not [i for i in ids("ChannelsLast") if i.startswith("shuffle:")]
     assert any(i.startswith("shuffle:") for i in ids("Flat"))
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_grouped_expert_gemms_are_counted_in_every_dtype(capsys, dtype):
+    """F.grouped_mm (transformers 5's experts): float32 runs on fake tensors though torch's meta
+    kernel insists on bf16, and the experts' GEMMs count exactly, whatever the routing: T·k rows."""
+    tokens, dim, hidden, experts, k = 32, 32, 64, 8, 2
+    args = ["--input", "2,16,32"] + (["--dtype", dtype] if dtype else [])
+    report = _scan_json(capsys, f"{MODELS}:GroupedExperts", *args)
+    routed = tokens * k
+    assert report["totals"]["flops"] == tokens * dim * experts + routed * dim * hidden + routed * hidden * dim
+    assert not report["uncounted"] and "for real" not in " ".join(report["capture_notes"])
+    step = _scan_json(capsys, f"{MODELS}:GroupedExperts", *args, "--train", "--optimizer", "sgd")["training"]
+    # router and up: weight gradients only (the input needs none); down: input and weight gradients
+    assert step["phases"]["backward"]["flops"] == tokens * dim * experts + 3 * routed * dim * hidden

@@ -150,6 +150,40 @@ def convolution_backward_flops(grad_output, input, weight, bias_sizes, stride, p
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
+def grouped_mm_shape(a, b, offs=None) -> tuple[int, ...] | None:
+    """The result shape of ``aten._grouped_mm`` (mixture-of-experts GEMMs), or None for a layout
+    it does not take: [T, K] x [E, K, N] (rows grouped by ``offs``) -> [T, N]; [E, T, K] x
+    [E, K, N] -> [E, T, N]; [M, Ktot] x [Ktot, N] (K grouped by ``offs``) -> [E, M, N];
+    [E, T, K] x [K, Ntot] (N grouped by ``offs``) -> [T, Ntot]."""
+    ad, bd = a.dim(), b.dim()
+    if ad == 2 and bd == 3:
+        return (a.shape[0], b.shape[2])
+    if ad == 3 and bd == 3:
+        return (a.shape[0], a.shape[1], b.shape[2])
+    if ad == 2 and bd == 2 and offs is not None:
+        return (offs.shape[0], a.shape[0], b.shape[1])
+    if ad == 3 and bd == 2 and offs is not None:
+        return (a.shape[1], b.shape[1])
+    return None
+
+
+@register_flops(*[p for p in (_opt("_grouped_mm"),) if p is not None])
+def grouped_mm_flops(a, b, offs=None, *args, out_val=None, **kwargs) -> int:
+    """Multiply-adds of the experts' grouped GEMMs, exact and independent of the routing: every row
+    of ``a`` meets one group's [K, N] (T rows: T·K·N, however the rows are routed); batched
+    [E, T, K] x [E, K, N]: E·T·K·N; K grouped ([M, Ktot] x [Ktot, N]): M·Ktot·N."""
+    ad, bd = a.dim(), b.dim()
+    if ad == 2 and bd == 3:
+        return a.shape[0] * a.shape[1] * b.shape[2]
+    if ad == 3 and bd == 3:
+        return a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if ad == 2 and bd == 2:
+        return a.shape[0] * a.shape[1] * b.shape[1]
+    if ad == 3 and bd == 2:  # N grouped: each group's rows meet that group's [K, N_g] columns
+        return a.shape[1] * a.shape[2] * b.shape[1]
+    return 0
+
+
 @register_flops(aten._scaled_dot_product_flash_attention_for_cpu)
 def sdpa_cpu_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
     """Q K^T and A V of scaled_dot_product_attention on CPU.
@@ -239,7 +273,7 @@ _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
     _opt("_efficient_attention_forward")) if p is not None])
 _categorize("conv", aten.convolution, aten._convolution)
-_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm)
+_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm, *[p for p in (_opt("_grouped_mm"),) if p is not None])
 _categorize("linear", aten.addmm)
 _categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag, aten.embedding_dense_backward)
 
@@ -278,7 +312,7 @@ _categorize("data_movement", *[p for p in (
     aten.lift_fresh_copy, aten.narrow_copy, aten.tile) if p is not None])
 _categorize("reduction", *[p for p in (  # scans and selections: one element op per input element
     aten.cumsum, aten.cumprod, aten.logcumsumexp, aten.topk, aten.sort, aten.argsort, aten.kthvalue,
-    aten.median, aten.mode, _opt("cummax"), _opt("cummin")) if p is not None])
+    aten.median, aten.mode, _opt("cummax"), _opt("cummin"), aten.histc, aten.bincount) if p is not None])
 _categorize("host_sync", *[p for p in (
     aten._local_scalar_dense, aten.item, aten.nonzero, aten.masked_select, aten._unique2,
     aten.unique_dim, aten.unique_consecutive, aten.argwhere, aten.nonzero_static,

@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..costs import tensors_in
+from ..costs.kernels import run_op
 from .scratch import scratch_bytes
 
 CATEGORIES = ("params", "grads", "optimizer_state", "activations", "temporaries", "inputs")
@@ -137,7 +138,7 @@ class MemoryTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         for t in tensors_in((args, kwargs)):
             self._add(t, "inputs", "before", "")  # made outside the run and not registered: a constant
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         made = self.phase == "forward" and "activations" or "temporaries"
         new = [self._add(t, made, self.phase, str(func.overloadpacket.__name__)) for t in tensors_in(out)]
         extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0

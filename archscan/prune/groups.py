@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..costs import storage_key
+from ..costs.kernels import run_op
 
 aten = torch.ops.aten
 
@@ -268,7 +269,7 @@ class LabelMode(TorchDispatchMode):
     # --- dispatch ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         if func.namespace == "prim":
             return out
         try:

@@ -224,3 +224,29 @@ class ChannelsLast(nn.Module):
     def forward(self, x):
         x = self.stem(x).permute(0, 2, 3, 1)  # N, H, W, C
         return self.head(self.blocks(x).mean((1, 2)))
+
+
+class GroupedExperts(nn.Module):
+    """A mixture of experts run as transformers 5 runs them: top-k routing, tokens sorted by
+    expert, one grouped GEMM per projection (F.grouped_mm)."""
+
+    def __init__(self, dim=32, hidden=64, experts=8, k=2):
+        super().__init__()
+        self.k, self.experts = k, experts
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.up = nn.Parameter(torch.randn(experts, dim, hidden) * 0.02)
+        self.down = nn.Parameter(torch.randn(experts, hidden, dim) * 0.02)
+
+    def forward(self, x):
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(tokens).softmax(-1).topk(self.k, dim=-1)
+        flat = chosen.reshape(-1)
+        order = flat.argsort()
+        rows = tokens.repeat_interleave(self.k, dim=0)[order]
+        counts = torch.histc(flat.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offs = counts.cumsum(0).to(torch.int32)
+        h = torch.nn.functional.grouped_mm(rows, self.up, offs=offs).relu()
+        out = torch.nn.functional.grouped_mm(h, self.down, offs=offs)
+        back = torch.empty_like(out)
+        back[order] = out
+        return (back.reshape(-1, self.k, x.shape[-1]) * weights[..., None]).sum(1).reshape(x.shape)
