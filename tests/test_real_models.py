@@ -203,7 +203,7 @@ def test_named_inputs_reach_forward_by_keyword(capsys):
             continue  # the cache objects defeat symbolic tracing
         r = archscan.scan(model, ["2,16:int64", "decoder_input_ids=2,8:int64"], capture_method=method, rules=[])
         assert r.totals.flops == want, method
-        assert r.inputs[1] == {"shape": [2, 8], "dtype": "int64", "name": "decoder_input_ids"}
+        assert r.inputs[1] == {"shape": [2, 8], "dtype": "int64", "name": "decoder_input_ids", "values": "zeros"}
     assert archscan.scan(model, {"input_ids": "2,16:int64", "decoder_input_ids": "2,8:int64"}).totals.flops == want
     code = main([f"{HF_LIKE}:CacheEncoderDecoder", "--input", "2,16:int64", "--input", "decoder_input_ids=2,8:int64",
                  "--json"])
