@@ -84,7 +84,7 @@ def check_batchable(specs: Sequence[InputSpec]) -> None:
 def check_weights_fit(weights_bytes: int, budget: Budget, what: str = "the parameters") -> None:
     if weights_bytes > budget.bytes:
         raise ArchscanError(f"{what} alone need {fmt_bytes(weights_bytes)}, more than the budget of {budget.label}",
-                            hint="give a larger --memory, a lower --dtype, or freeze more (--train --freeze)")
+                            hint="give a larger --memory, or a lower --dtype (bf16 halves the weights)")
 
 
 def largest_batch(peak_of: Callable[[int], int | tuple[int, dict]], budget: int) -> dict:

@@ -145,6 +145,17 @@ def memory_lines(report: Report) -> list[str]:
     return lines + budget_lines(report.memory or {})
 
 
+def _apart(a: int, b: int) -> tuple[str, str]:
+    """Two byte counts shown with the digits that tell them apart (80 GiB and 80 GiB would not)."""
+    for digits in (3, 5, 7):
+        text = [f"{v / 2**30:.{digits}g} GiB" if v >= 2**30 else fmt_bytes(v) for v in (a, b)]
+        if digits == 3:
+            text = [fmt_bytes(a), fmt_bytes(b)]
+        if text[0] != text[1]:
+            return text[0], text[1]
+    return f"{a:,} bytes", f"{b:,} bytes"
+
+
 def budget_lines(memory: dict) -> list[str]:
     """The memory budget's answers: the largest batch, the checkpointing plan, the what-ifs."""
     budget = memory.get("budget")
@@ -156,8 +167,9 @@ def budget_lines(memory: dict) -> list[str]:
     elif budget["max_batch"] == 0:
         found = f"even batch 1 does not fit: its {what} peaks at {fmt_bytes(budget['next_peak_bytes'])}"
     else:
-        found = (f"largest batch {budget['max_batch']:,} ({what} peak {fmt_bytes(budget['peak_bytes_at_max'])}; "
-                 f"{budget['max_batch'] + 1:,} needs {fmt_bytes(budget['next_peak_bytes'])}), "
+        at, nxt = _apart(budget["peak_bytes_at_max"], budget["next_peak_bytes"])
+        found = (f"largest batch {budget['max_batch']:,} ({what} peak {at}; "
+                 f"{budget['max_batch'] + 1:,} needs {nxt}), "
                  + (f"affine in the batch: {fmt_bytes(budget['per_sample_bytes'])} per sample + "
                     f"{fmt_bytes(budget['fixed_bytes'])}" if budget["method"] == "affine"
                     else f"{budget['method']}: {fmt_bytes(budget['per_sample_bytes'])} per sample there")
