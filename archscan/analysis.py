@@ -123,6 +123,8 @@ def _merge_attrs(costs: NodeCosts) -> dict:
     """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
     several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
     attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
+    if any("executed_flops" in c.attrs for c in costs.ops):  # causal attention: the pairs it computes
+        attrs["executed_flops"] = sum(c.attrs.get("executed_flops", c.flops) for c in costs.ops)
     by_category: Counter = Counter()
     for c in costs.ops:
         if c.mac_bytes:
@@ -266,6 +268,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         elem_ops=sum(n.elem_ops for n in nodes), read_bytes=sum(n.read_bytes for n in nodes),
         write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
         used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
+        executed_flops=sum(n.attrs.get("executed_flops", n.flops) for n in nodes),
     )
     return Report(
         unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,

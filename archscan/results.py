@@ -85,6 +85,7 @@ class Totals:
     used_params: int
     unused_params: int
     param_bytes: int
+    executed_flops: int | None = None  # what runs: causal attention computes only the pairs its mask leaves
 
     @property
     def intensity(self) -> float:

@@ -269,3 +269,19 @@ def test_grouped_expert_gemms_are_counted_in_every_dtype(capsys, dtype):
     step = _scan_json(capsys, f"{MODELS}:GroupedExperts", *args, "--train", "--optimizer", "sgd")["training"]
     # router and up: weight gradients only (the input needs none); down: input and weight gradients
     assert step["phases"]["backward"]["flops"] == tokens * dim * experts + 3 * routed * dim * hidden
+
+
+def test_causal_attention_reports_executed_beside_dense_flops():
+    """A causal prefill of S tokens computes S(S+1)/2 of the S² query-key pairs: totals.flops keeps
+    the dense count, totals.executed_flops the executed one, by hand for the zoo's Llama."""
+    from archscan.costs.registry import causal_pairs
+
+    assert causal_pairs(64, 64) == 64 * 65 // 2 and causal_pairs(1, 65) == 1 and causal_pairs(4, 2) == 1 + 2 + 2 + 2
+    report = archscan.scan("zoo:llama_tiny", "1,64:int64", recommend=False, rules=[])
+    attention = [n for n in report.nodes if n.category == "attention"]
+    dense = sum(n.flops for n in attention)
+    assert dense == len(attention) * 64 * 64 * 2 * 256  # L·S·(e + ev) over every head: 256 wide
+    executed = report.totals.executed_flops
+    assert report.totals.flops - executed == dense - dense * (64 * 65 // 2) // (64 * 64)
+    vit = archscan.scan("zoo:vit_tiny", "1,3,224,224", recommend=False, rules=[])
+    assert vit.totals.executed_flops == vit.totals.flops  # no causal mask: nothing skipped

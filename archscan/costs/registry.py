@@ -569,6 +569,28 @@ def _deform_conv_attrs(args) -> dict:
     }
 
 
+def causal_pairs(queries: int, keys: int) -> int:
+    """Query-key pairs a causal mask leaves (torch's ``is_causal``: query i sees keys 0..i):
+    S(S+1)/2 for a prefill of S tokens."""
+    full = min(queries, keys)
+    return full * (full + 1) // 2 + max(queries - keys, 0) * keys
+
+
+def _causal_attrs(func, args: tuple, kwargs: dict, flops: int) -> dict:
+    """``{"causal": True, "executed_flops"}`` for attention run with ``is_causal``: the multiply-adds
+    of the query-key pairs the mask leaves (the dense count stays ``flops``); {} otherwise."""
+    try:
+        names = [a.name for a in func._schema.arguments]
+    except AttributeError:
+        return {}
+    bound = {**dict(zip(names, args)), **kwargs}
+    q, k = bound.get("query"), bound.get("key")
+    if not bound.get("is_causal") or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        return {}
+    queries, keys = int(q.shape[-2]), int(k.shape[-2])
+    return {"causal": True, "executed_flops": flops * causal_pairs(queries, keys) // (queries * keys)}
+
+
 # Ops whose attributes (channels, groups, kernel) name their layer; convolutions are refined by groups.
 _ATTRS = {"aten::convolution": _conv_attrs, "aten::_convolution": _conv_attrs,
           "torchvision::deform_conv2d": _deform_conv_attrs}
@@ -671,6 +693,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
 
     flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+    if category == "attention" and flops:
+        attrs = _causal_attrs(func, args, kwargs, flops)
     if key in _ATTRS:
         attrs = _ATTRS[key](args)
         category = _conv_category(attrs)
