@@ -46,6 +46,7 @@ def scan_cmd(
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
+    device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="predict latency on a named GPU from its datasheet, without the GPU: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, l4")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
     rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
     skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
@@ -105,7 +106,13 @@ def scan_cmd(
             raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224 (repeat for several inputs)")
         # without --measure, --device/--threads name the calibrated profile that predicts latency
         profile, warnings = None, []
-        if not measure and (where is not None or threads):
+        if device_profile is not None:
+            from .measure import datasheet_profile
+
+            if measure or device is not None or threads:
+                raise ArchscanError("--device-profile predicts without the device", hint="drop --measure, --device and --threads")
+            profile = datasheet_profile(device_profile)
+        elif not measure and (where is not None or threads):
             profile, warnings = cached_profile(where or resolve_device(None), threads)
             profile = profile or False
         try:

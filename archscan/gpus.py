@@ -18,20 +18,25 @@ class GPU:
     name: str
     memory_bytes: int
     source: str
+    fp32_tflops: float | None = None      # dense, CUDA cores (float32 matmuls run here unless TF32 is allowed)
+    bf16_tflops: float | None = None      # dense tensor cores (the datasheets' "with sparsity" figures halved)
+    bandwidth_tbs: float | None = None    # memory bandwidth, TB/s
 
 
-# name -> GPU; the first name of each line is the one reports use.
+# name -> GPU; the first name of each line is the one reports use. Compute and bandwidth where a
+# datasheet profile (``--device-profile``) is offered: dense FP32 and BF16 TFLOPS (2 per
+# multiply-add), memory bandwidth in TB/s, as the datasheets give them.
 _TABLE = [
-    (("h100", "h100-sxm"), 80, "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80 GB)"),
-    (("h100-pcie",), 80, "NVIDIA H100 Tensor Core GPU datasheet (PCIe 80 GB)"),
+    (("h100", "h100-sxm"), 80, "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80 GB)", 67.0, 989.4, 3.35),
+    (("h100-pcie",), 80, "NVIDIA H100 Tensor Core GPU datasheet (PCIe 80 GB)", 51.0, 756.0, 2.0),
     (("h100-nvl",), 94, "NVIDIA H100 NVL datasheet (94 GB)"),
-    (("h200",), 141, "NVIDIA H200 Tensor Core GPU datasheet (141 GB)"),
-    (("b200",), 180, "NVIDIA HGX B200 datasheet (180 GB per GPU)"),
-    (("a100-80gb", "a100"), 80, "NVIDIA A100 Tensor Core GPU datasheet (80 GB)"),
-    (("a100-40gb",), 40, "NVIDIA A100 Tensor Core GPU datasheet (40 GB)"),
-    (("l40s",), 48, "NVIDIA L40S datasheet (48 GB)"),
+    (("h200",), 141, "NVIDIA H200 Tensor Core GPU datasheet (141 GB)", 67.0, 989.4, 4.8),
+    (("b200",), 180, "NVIDIA HGX B200 datasheet (180 GB per GPU)", 75.0, 2250.0, 7.7),
+    (("a100-80gb", "a100"), 80, "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM)", 19.5, 312.0, 2.039),
+    (("a100-40gb",), 40, "NVIDIA A100 Tensor Core GPU datasheet (40 GB SXM)", 19.5, 312.0, 1.555),
+    (("l40s",), 48, "NVIDIA L40S datasheet (48 GB)", 91.6, 362.05, 0.864),
     (("l40",), 48, "NVIDIA L40 datasheet (48 GB)"),
-    (("l4",), 24, "NVIDIA L4 datasheet (24 GB)"),
+    (("l4",), 24, "NVIDIA L4 datasheet (24 GB)", 30.3, 121.0, 0.3),
     (("a10", "a10g"), 24, "NVIDIA A10 datasheet (24 GB)"),
     (("t4",), 16, "NVIDIA T4 datasheet (16 GB)"),
     (("v100-32gb", "v100"), 32, "NVIDIA V100 datasheet (32 GB)"),
@@ -42,7 +47,8 @@ _TABLE = [
     (("mi300x",), 192, "AMD Instinct MI300X datasheet (192 GB)"),
 ]
 
-GPUS: dict[str, GPU] = {alias: GPU(names[0], gib * GiB, source) for names, gib, source in _TABLE for alias in names}
+GPUS: dict[str, GPU] = {alias: GPU(names[0], gib * GiB, source, *rest) for names, gib, source, *rest in _TABLE
+                        for alias in names}
 
 
 def gpu(name: str) -> GPU | None:

@@ -285,3 +285,29 @@ def test_causal_attention_reports_executed_beside_dense_flops():
     assert report.totals.flops - executed == dense - dense * (64 * 65 // 2) // (64 * 64)
     vit = archscan.scan("zoo:vit_tiny", "1,3,224,224", recommend=False, rules=[])
     assert vit.totals.executed_flops == vit.totals.flops  # no causal mask: nothing skipped
+
+
+def test_datasheet_profiles_predict_without_the_gpu(capsys):
+    """--device-profile NAME predicts from the datasheet: dense peaks per dtype and bandwidth times
+    the documented efficiencies. H200 has H100's compute and 4.8/3.35 its bandwidth: a
+    bandwidth-bound model predicts faster on it, a compute-bound one the same."""
+    from archscan.measure import datasheet_profile
+    from archscan.measure.profile import DATASHEET_BANDWIDTH_EFFICIENCY, DATASHEET_CLASS_EFFICIENCY
+
+    h100, h200 = datasheet_profile("h100"), datasheet_profile("H200")
+    assert h100.peak_flops["bfloat16"] == 989.4e12 / 2 and h100.peak_flops["float32"] == 67e12 / 2
+    assert h100.bandwidth == 3.35e12 * DATASHEET_BANDWIDTH_EFFICIENCY
+    assert h100.flops_for("bfloat16", "matmul") == pytest.approx(DATASHEET_CLASS_EFFICIENCY["matmul"] * 989.4e12 / 2)
+
+    def predicted(model, spec, name, dtype=None):
+        args = [model, "--input", spec, "--device-profile", name] + (["--dtype", dtype] if dtype else [])
+        return _scan_json(capsys, *args)["latency"]["predicted_ms"]
+
+    # 4M rows through an 8x8 linear and casts: bytes, not multiply-adds, set the time
+    h100_ms, h200_ms = (predicted(f"{MODELS}:Casts", "4194304,8", name) for name in ("h100", "h200"))
+    assert h200_ms / h100_ms == pytest.approx(3.35 / 4.8, rel=0.05)
+    # ResNet-50 in bf16 is mostly compute: H200's extra bandwidth buys less than its 1.43x
+    resnet = [predicted("zoo:resnet50", "64,3,224,224", name, "bf16") for name in ("h100", "h200")]
+    assert 3.35 / 4.8 < resnet[1] / resnet[0] < 1
+    assert main(["zoo:resnet18", "--device-profile", "t4"]) == 2
+    assert "no datasheet profile for 't4'" in capsys.readouterr().err

@@ -201,6 +201,46 @@ def load_profile(device: torch.device, threads: int | None = None, path: Path | 
                            hint="run `archscan calibrate` again") from exc
 
 
+# --- datasheet profiles: a named GPU without the GPU -------------------------------------------------
+#
+# The fraction of a datasheet peak each op class reaches, chosen from published measurements:
+# - matrix products (``matmul``, ``linear``): 0.70. Large cuBLAS GEMMs reach 70-80% of the dense
+#   tensor-core peak (NVIDIA's H100 and A100 GEMM benchmarks; the FlashAttention-2 paper quotes
+#   cuBLAS at about 70% of A100's BF16 peak for its GEMMs).
+# - attention: 0.50. FlashAttention-2 reaches 50-73% of A100's peak in the forward pass; it is lower
+#   at short sequences and head dims under 128 (Dao, "FlashAttention-2", 2023, figures 4-6).
+# - convolution: 0.55. cuDNN convolutions of CNN layers run below large GEMMs (fewer FLOPs per
+#   byte, im2col-free kernels tuned per shape).
+# - memory bandwidth: 0.80 of the datasheet figure. STREAM-like copies reach 80-90% of HBM
+#   bandwidth on A100 and H100.
+# - per-kernel overhead: 5 µs, PyTorch's eager dispatch and a CUDA launch.
+DATASHEET_CLASS_EFFICIENCY = {"matmul": 0.70, "linear": 0.70, "attention": 0.50, "conv": 0.55,
+                              "grouped_conv": 0.30, "depthwise_conv": 0.10}
+DATASHEET_BANDWIDTH_EFFICIENCY = 0.80
+DATASHEET_OVERHEAD_MS = 0.005
+
+
+def datasheet_profile(name: str) -> DeviceProfile:
+    """The profile of a named GPU from its datasheet (``archscan.gpus``), for predictions without
+    the device: dense peaks per dtype times the efficiencies above. One line for a name with no
+    datasheet compute figures."""
+    from ..gpus import GPUS, gpu
+
+    found = gpu(name)
+    if found is None or found.bf16_tflops is None:
+        names = ", ".join(sorted({g.name for g in GPUS.values() if g.bf16_tflops is not None}))
+        raise ArchscanError(f"no datasheet profile for {name!r}", hint=f"use one of: {names}")
+    fp32 = found.fp32_tflops * 1e12 / 2  # multiply-adds per second
+    half = found.bf16_tflops * 1e12 / 2
+    bandwidth = found.bandwidth_tbs * 1e12
+    return DeviceProfile(
+        device="cuda", name=f"{found.name} (datasheet)", threads=None,
+        peak_flops={"float32": fp32, "bfloat16": half, "float16": half},
+        bandwidth=bandwidth * DATASHEET_BANDWIDTH_EFFICIENCY, launch_overhead_ms=DATASHEET_OVERHEAD_MS,
+        created=f"datasheet: {found.source}", torch_version="",
+        class_flops={cat: eff * fp32 for cat, eff in DATASHEET_CLASS_EFFICIENCY.items()})
+
+
 def cached_profile(device: torch.device, threads: int | None = None) -> tuple[DeviceProfile | None, list[str]]:
     """``load_profile``, with a damaged cache turned into a warning: it costs the predictions, not the analysis.
     An unstable profile (saved with ``--force``, or by an archscan that did not check) predicts with a warning."""

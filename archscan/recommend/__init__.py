@@ -191,10 +191,10 @@ def _low_precision(ctx: Context) -> list[Recommendation]:
 
 
 def _device_type(ctx: Context) -> str:
-    """The device the scan was about: the one measured, else a GPU when there is one, else the CPU."""
+    """The device the scan was about: the one measured or predicted, else a GPU when there is one, else the CPU."""
     import torch
 
-    measured = (ctx.report.latency or {}).get("device")
+    measured = (ctx.report.latency or {}).get("device") or getattr(ctx.profile, "device", None)
     return str(measured).split(":")[0] if measured else ("cuda" if torch.cuda.is_available() else "cpu")
 
 

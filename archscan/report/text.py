@@ -239,7 +239,10 @@ def latency_lines(report: Report) -> list[str]:
             lines.append(f"input copy {fmt_bytes(c['bytes'])}: {c['pageable_ms']:.3f} ms pageable, {c['pinned_ms']:.3f} ms pinned")
     if lat.get("predicted_ms") is not None:
         prof = lat["profile"]
-        line = f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} (calibrated {prof['created'][:10]})"
+        made = prof["created"]
+        line = (f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} "
+                + (f"({made}; efficiencies in docs/measuring.md)" if made.startswith("datasheet")
+                   else f"(calibrated {made[:10]})"))
         if lat.get("prediction_error") is not None:
             line += f"; {100 * lat['prediction_error']:+.0f}% against measured"
         lines.append(line)
