@@ -569,6 +569,22 @@ def _deform_conv_attrs(args) -> dict:
     }
 
 
+_GROUPED_MM = _opt("_grouped_mm")
+
+
+def expert_reads(rows: torch.Tensor, experts: torch.Tensor) -> dict:
+    """The expert weights a grouped GEMM reads: [R, K] routed rows against [E, K, N] experts. Each
+    routed row is taken to pick an expert uniformly and independently (balanced routing), so
+    E·(1 − (1 − 1/E)^R) experts are expected to be read; at worst min(E, R). The bytes counted are
+    the expected ones; ``attrs`` carry both."""
+    r, e = int(rows.shape[0]), int(experts.shape[0])
+    per_expert = _nbytes(experts) // max(e, 1)
+    expected = e * (1 - (1 - 1 / e) ** r) if e else 0.0
+    return {"experts": e, "routed_rows": r, "expected_experts": round(expected, 3),
+            "worst_case_experts": min(e, r), "expert_bytes_read": round(expected * per_expert),
+            "expert_bytes_worst_case": min(e, r) * per_expert}
+
+
 def causal_pairs(queries: int, keys: int) -> int:
     """Query-key pairs a causal mask leaves (torch's ``is_causal``: query i sees keys 0..i):
     S(S+1)/2 for a prefill of S tokens."""
@@ -691,6 +707,11 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
             if k[0] in weight_keys:
                 weight += nbytes
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
+    if packet is _GROUPED_MM and len(args) > 1 and args[0].dim() == 2 and args[1].dim() == 3:
+        attrs = expert_reads(args[0], args[1])  # the experts the routed rows touch, not all of them
+        read -= _nbytes(args[1]) - attrs["expert_bytes_read"]
+        if storage_key(args[1]) in weight_keys:
+            weight -= _nbytes(args[1]) - attrs["expert_bytes_read"]
 
     flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
     if category == "attention" and flops:
