@@ -32,7 +32,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
          recommend: bool = True, train: TrainOptions | bool | None = None,
-         memory: str | int | None = None, what_ifs: bool = False) -> Report:
+         memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -57,6 +57,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             step's with ``train``), and with ``train`` an
             activation-checkpointing plan (``report.memory["budget"]``, ``["checkpoint_plan"]``;
             ``archscan.memory.budget``).
+        decode: the context length L of a KV cache: ``inputs`` are then the new tokens of one decode
+            step after L cached ones (``archscan.decode``): ``report.phases`` (prefill of L tokens,
+            the decode step) and ``report.kv_cache``, predicted on ``profile`` when there is one.
         what_ifs: with ``train``: the step re-analysed with one change each (bf16 autocast, bf16
             parameters, each optimizer implementation, ``zero_grad(set_to_none=False)``, a frozen
             half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
@@ -78,12 +81,23 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if train is not None:
         check_trainable(target)
     budget = _budget(memory, specs)
+    if decode is not None:
+        from .decode import check_decode
+
+        check_decode(specs, decode)
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
     try:
         with seeded_rng():
-            return _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile, recommend,
-                         train, budget, what_ifs)
+            report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
+                           recommend, train, budget, what_ifs)
+            if decode is not None:
+                from .decode import decode_step
+
+                llm = decode_step(target, specs, decode, kwargs, dtype, profile if isinstance(profile, DeviceProfile)
+                                  else cached_profile(resolve_device(None), None)[0] if profile is None else None)
+                report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
+            return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
 

@@ -42,6 +42,7 @@ def scan_cmd(
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
     freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
     memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan")] = None,
+    decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens (e.g. 1,1:int64) after a KV cache of this many tokens: prefill and decode phases, KV bytes, tokens/s with a profile (--device-profile h100)")] = None,
     what_if: Annotated[bool, typer.Option("--what-if", help="with --train: the step re-analysed with one change each (bf16, optimizer implementations, set_to_none=False, a frozen half, gradient accumulation, in-place)")] = False,
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
@@ -119,7 +120,7 @@ def scan_cmd(
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
                                         profile=profile, train=training, memory=memory,
-                                        what_ifs=what_if), None
+                                        what_ifs=what_if, decode=decode), None
         except DeviceError as exc:
             if exc.report is None:
                 raise

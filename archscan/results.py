@@ -150,6 +150,8 @@ class Report:
     blocks: tuple[dict, ...] = ()           # building blocks and their fragmentation (G3), when rules ran
     memory: dict | None = None              # peak bytes live, by tensor lifetime (archscan.memory.summary)
     training_step: dict | None = None       # --train: the step's phases, their costs and its memory
+    phases: dict | None = None              # --decode: the prefill and one decode step (archscan.decode)
+    kv_cache: dict | None = None            # --decode: the traced cache's bytes
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -192,6 +194,8 @@ class Report:
             out["memory"] = self.memory
         if self.training_step is not None:
             out["training"] = self.training_step
+        if self.phases is not None:
+            out["phases"], out["kv_cache"] = self.phases, self.kv_cache
         return out
 
 

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("rules", ["archscan.rules*"]),
     ("analysis", ["archscan.analysis"]),  # the analysis core ends here: nothing below imports what is above
     ("measure", ["archscan.measure*"]),
+    ("decode", ["archscan.decode"]),  # a decode step with a KV cache, predicted on a profile
     ("transform", ["archscan.transform*"]),
     ("prune", ["archscan.prune*"]),
     ("distill", ["archscan.distill*"]),

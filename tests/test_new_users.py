@@ -325,3 +325,29 @@ def test_expert_weight_bytes_follow_the_routed_rows():
     many = archscan.scan(f"{MODELS}:GroupedExperts", "4,64,32", recommend=False, rules=[])
     up = next(n for n in many.nodes if n.op == "aten._grouped_mm")
     assert up.attrs["worst_case_experts"] == 8 and up.weight_bytes <= 8 * per_expert
+
+
+def test_decode_step_with_a_kv_cache_by_hand(capsys):
+    """--decode L: one token after L cached, on fake tensors, as the model's own code runs it; the
+    KV cache comes from the traced cache tensors, so grouped-query and multi-query attention come
+    out right by construction."""
+    dim, layers, heads, ffn, vocab, context = 256, 4, 8, 768, 32000, 128
+    report = _scan_json(capsys, "zoo:llama_tiny", "--input", "1,1:int64", "--decode", str(context))
+    decode, kv = report["phases"]["decode"], report["kv_cache"]
+    hd = dim // heads
+    per_layer = dim * dim * 2 + dim * (4 * hd) * 2 + 3 * dim * ffn + heads * (context + 1) * 2 * hd
+    assert decode["flops"] == layers * per_layer + dim * vocab
+    assert kv["bytes_per_token"] == layers * 2 * 4 * hd * 4  # n_kv_heads 4, float32
+    assert decode["kv_read_bytes"] == context * kv["bytes_per_token"]
+    assert decode["kv_written_bytes"] == (context + 1) * kv["bytes_per_token"]  # torch.cat rewrites the cache
+    prefill = archscan.scan("zoo:llama_tiny", f"1,{context}:int64", recommend=False, rules=[])
+    assert report["phases"]["prefill"]["flops"] == prefill.totals.flops
+    for kv_heads, per_token in ((8, layers * 2 * 8 * hd * 4), (1, layers * 2 * 1 * hd * 4)):  # MHA, MQA
+        other = _scan_json(capsys, "zoo:llama_tiny", "--kwargs", f"n_kv_heads={kv_heads}", "--input", "1,1:int64",
+                           "--decode", "16")
+        assert other["kv_cache"]["bytes_per_token"] == per_token
+    h100, h200 = (_scan_json(capsys, "zoo:llama_tiny", "--input", "4,1:int64", "--decode", "512", "--device-profile",
+                             name)["phases"]["decode"] for name in ("h100", "h200"))
+    assert h200["tokens_per_s"] > h100["tokens_per_s"] > 0  # decode reads weights and cache: bandwidth
+    assert main(["zoo:resnet18", "--decode", "16"]) == 2
+    assert "--decode takes one input of token ids" in capsys.readouterr().err

@@ -118,15 +118,28 @@ class Attention(nn.Module):
             return x
         return x.unsqueeze(2).expand(-1, -1, self.n_rep, -1, -1).flatten(1, 2)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, D]; cos, sin: [T, Dh] -> [B, T, D]."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: tuple | None = None,
+                use_cache: bool = False):
+        """x: [B, T, D]; cos, sin: [T, Dh] -> [B, T, D]; with ``use_cache``, also this layer's
+        keys and values ([B, Hkv, L + T, Dh] each: ``past``'s L tokens, then these T)."""
         q = self.wq(x).unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)  # [B, H, T, Dh]
         k = self.wk(x).unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)  # [B, Hkv, T, Dh]
         v = self.wv(x).unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)  # [B, Hkv, T, Dh]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        k, v = self._repeat_kv(k), self._repeat_kv(v)  # [B, H, T, Dh]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
-        return self.wo(y.transpose(1, 2).flatten(2))  # [B, T, D]
+        if past is not None:  # the cache: the keys and values of the tokens before these
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        present = (k, v)
+        k, v = self._repeat_kv(k), self._repeat_kv(v)  # [B, H, L + T, Dh]
+        if past is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+        elif q.shape[2] == 1:  # one new token sees every key
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:  # new token i sees the past and the new tokens up to i
+            t, total = q.shape[2], k.shape[2]
+            mask = torch.ones(t, total, dtype=torch.bool, device=q.device).tril(total - t)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = self.wo(y.transpose(1, 2).flatten(2))  # [B, T, D]
+        return (out, present) if use_cache else out
 
 
 class FeedForward(nn.Module):
@@ -153,10 +166,15 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(dim, norm_eps)
         self.feed_forward = FeedForward(dim, ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, D] -> [B, T, D]."""
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: tuple | None = None,
+                use_cache: bool = False):
+        """x: [B, T, D] -> [B, T, D] (and the layer's keys and values with ``use_cache``)."""
+        if not use_cache:
+            x = x + self.attention(self.attention_norm(x), cos, sin)
+            return x + self.feed_forward(self.ffn_norm(x))
+        h, present = self.attention(self.attention_norm(x), cos, sin, past, use_cache=True)
+        x = x + h
+        return x + self.feed_forward(self.ffn_norm(x)), present
 
 
 def llama_ffn_dim(dim: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -211,13 +229,28 @@ class Llama(nn.Module):
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [B, T] int64 ids (T <= max_seq_len) -> [B, T, vocab_size] logits."""
+    def forward(self, tokens: torch.Tensor, past_key_values: list | None = None, use_cache: bool = False):
+        """tokens: [B, T] int64 ids (T <= max_seq_len) -> [B, T, vocab_size] logits.
+
+        The decoding protocol archscan's ``--decode`` follows (as Hugging Face models do): with
+        ``use_cache=True`` it returns ``(logits, past_key_values)``, a list of each layer's
+        ``(keys, values)``, [B, n_kv_heads, L, head_dim]; passing them back runs the next tokens
+        after those L, at positions L, L + 1, ...
+        """
         x = self.tok_embeddings(tokens)  # [B, T, D]
-        cos, sin = self.rope(tokens)  # [T, Dh] each
-        for layer in self.layers:
-            x = layer(x, cos, sin)  # [B, T, D]
-        return self.output(self.norm(x))  # [B, T, V]
+        if past_key_values is None and not use_cache:
+            cos, sin = self.rope(tokens)  # [T, Dh] each
+            for layer in self.layers:
+                x = layer(x, cos, sin)  # [B, T, D]
+            return self.output(self.norm(x))  # [B, T, V]
+        start = past_key_values[0][0].shape[2] if past_key_values else 0
+        cos = self.rope.cos.narrow(0, start, tokens.shape[1])
+        sin = self.rope.sin.narrow(0, start, tokens.shape[1])
+        presents = []
+        for i, layer in enumerate(self.layers):
+            x, present = layer(x, cos, sin, past_key_values[i] if past_key_values else None, use_cache=True)
+            presents.append(present)
+        return self.output(self.norm(x)), presents
 
 
 def _llama(cfg: dict, **kwargs) -> Llama:

@@ -144,7 +144,27 @@ def memory_lines(report: Report) -> list[str]:
         saved = list(step.get("saved_for_backward", {}).items())[:3]
         if saved:
             lines.append("saved      for backward, most by: " + ", ".join(f"{m or '(model)'} {fmt_bytes(b)}" for m, b in saved))
-    return lines + budget_lines(report.memory or {})
+    return lines + budget_lines(report.memory or {}) + decode_lines(report)
+
+
+def decode_lines(report: Report) -> list[str]:
+    """--decode: the prefill, the decode step and the KV cache."""
+    if not report.phases:
+        return []
+    kv, lines = report.kv_cache, []
+    for name, p in report.phases.items():
+        what = (f"{p['tokens']:,} tokens" if name == "prefill"
+                else f"{p['tokens']:,} token(s) after {p['context']:,} cached")
+        when = (f"; predicted {p['predicted_ms']:.3f} ms"
+                + (" to the first token" if name == "prefill" else f", {p['tokens_per_s']:,.1f} tokens/s")
+                + f" on {p['profile']}") if p.get("predicted_ms") is not None else ""
+        lines.append(f"{name:<10} {what}: {fmt_count(p['flops'])} multiply-adds"
+                     + (f" ({fmt_count(p['executed_flops'])} executed)" if p["executed_flops"] != p["flops"] else "")
+                     + f", {fmt_bytes(p['weight_bytes'])} of weights, {fmt_bytes(p['kv_read_bytes'])} KV read, "
+                     f"{fmt_bytes(p['kv_written_bytes'])} KV written{when}")
+    lines.append(f"kv cache   {fmt_bytes(kv['bytes_per_token'])} per token: {fmt_bytes(kv['bytes'])} for "
+                 f"{kv['tokens']:,} tokens x {kv['batch']} (the traced cache's {kv['tensors']} tensors)")
+    return lines
 
 
 def _apart(a: int, b: int) -> tuple[str, str]:
