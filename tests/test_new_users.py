@@ -13,7 +13,7 @@ import torch
 import archscan
 from archscan.cli import main
 
-MODELS = os.path.join(os.path.dirname(__file__), "models", "recurrent.py")
+MODELS = os.path.join(os.path.dirname(__file__), "models", "new_users.py")
 
 
 def _scan_json(capsys, *args) -> dict:
@@ -34,7 +34,7 @@ def test_recurrent_layers_through_the_file_path(capsys, cls, spec, flops):
     assert report["totals"]["flops"] == flops
     import importlib.util
 
-    found = importlib.util.spec_from_file_location("recurrent", MODELS)
+    found = importlib.util.spec_from_file_location("new_users", MODELS)
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
     instance = archscan.scan(getattr(module, cls)(), spec, recommend=False, rules=[])
@@ -64,7 +64,7 @@ def test_integer_inputs_take_values(capsys):
 def test_example_tensors_lend_their_values():
     import importlib.util
 
-    found = importlib.util.spec_from_file_location("recurrent", MODELS)
+    found = importlib.util.spec_from_file_location("new_users", MODELS)
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
     lengths = torch.tensor([5, 17, 3, 9])
@@ -240,7 +240,7 @@ def test_packed_rnn_sync_is_where_lengths_go_to_the_host(capsys):
     report = _scan_json(capsys, f"{MODELS}:PackedLSTM", "--input", "4,50:int64=1..99", "--input", "4:int64=1..50")
     syncs = [f for f in report["findings"] if f["rule"] == "host-sync"]
     assert len(syncs) == 1 and "pack_padded_sequence copies its lengths" in syncs[0]["message"]
-    assert syncs[0]["source"].endswith("recurrent.py:45") and syncs[0]["module"] != "lstm"
+    assert syncs[0]["source"].endswith("new_users.py:45") and syncs[0]["module"] != "lstm"
 
 
 def test_no_shuffle_student_for_a_channels_last_stage(capsys):
