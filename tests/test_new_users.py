@@ -1,5 +1,7 @@
-"""Defects found by trying archscan on models nobody here wrote, one class each: recurrent layers
-through the file path, apply lines that act on the model the report is about, integer input values."""
+"""Defects found by trying archscan on models nobody here wrote, one test per class, each on a model
+of its kind (tests/models/new_users.py): recurrent layers through the file path, apply lines, integer
+input values, attention fuse leaves, building blocks, false findings, transforms' saved programs,
+prune's channel rules, mixture-of-experts GEMMs, causal attention, datasheet profiles and decode."""
 
 from __future__ import annotations
 
