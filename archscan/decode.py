@@ -116,9 +116,34 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
     prefill_phase = _phase(first, batch * context, 0, 0, kv_bytes, profile)
     decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
                                                   context, written, profile)}
+    weights = sum({storage_key(t): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}.values())
+    per_token = kv_bytes // (batch * context)
     return {"phases": {"prefill": prefill_phase, "decode": decode_phase},
-            "kv_cache": {"bytes": kv_bytes, "bytes_per_token": kv_bytes // (batch * context), "tokens": context,
-                         "batch": batch, "tensors": len(cached)}}
+            "kv_cache": {"bytes": kv_bytes, "bytes_per_token": per_token, "tokens": context,
+                         "batch": batch, "tensors": len(cached), "weights_bytes": weights,
+                         "grid": memory_grid(weights, per_token, _memory_of(profile))}}
+
+
+GRID_BATCHES = (1, 8, 32, 128)
+GRID_CONTEXTS = (2048, 8192, 32768, 131072)
+
+
+def memory_grid(weights: int, per_token: int, limit: int | None = None) -> list[dict]:
+    """Weights + KV cache over a batch × context grid (the cache is linear in both: bytes per token
+    of the traced cache), and whether each fits ``limit`` bytes (a named GPU's memory) when known."""
+    return [{"batch": b, "context": c, "bytes": weights + per_token * b * c,
+             **({"fits": weights + per_token * b * c <= limit} if limit else {})}
+            for b in GRID_BATCHES for c in GRID_CONTEXTS]
+
+
+def _memory_of(profile: DeviceProfile | None) -> int | None:
+    """The memory of a datasheet profile's GPU (``--device-profile``), else None."""
+    from .gpus import gpu
+
+    if profile is None or not profile.created.startswith("datasheet"):
+        return None
+    found = gpu(profile.name.split(" (")[0])
+    return found.memory_bytes if found else None
 
 
 def _phase(costs: _StepCosts, tokens: int, kv_read: int, context: int, kv_written: int,

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import archscan
+from archscan import zoo
 from archscan.cli import main
 
 MODELS = os.path.join(os.path.dirname(__file__), "models", "new_users.py")
@@ -351,5 +352,12 @@ def test_decode_step_with_a_kv_cache_by_hand(capsys):
     h100, h200 = (_scan_json(capsys, "zoo:llama_tiny", "--input", "4,1:int64", "--decode", "512", "--device-profile",
                              name)["phases"]["decode"] for name in ("h100", "h200"))
     assert h200["tokens_per_s"] > h100["tokens_per_s"] > 0  # decode reads weights and cache: bandwidth
+    kv = _scan_json(capsys, "zoo:llama_tiny", "--input", "1,1:int64", "--decode", "64", "--device-profile",
+                    "l4")["kv_cache"]
+    weights = sum(p.numel() * 4 for p in zoo.create_model("llama_tiny").parameters()) + 2 * 4096 * 32 * 4  # + RoPE tables
+    assert kv["weights_bytes"] == weights
+    for cell in kv["grid"]:  # weights + KV over batch x context, against the L4's 24 GiB
+        assert cell["bytes"] == weights + kv["bytes_per_token"] * cell["batch"] * cell["context"]
+        assert cell["fits"] == (cell["bytes"] <= 24 << 30)
     assert main(["zoo:resnet18", "--decode", "16"]) == 2
     assert "--decode takes one input of token ids" in capsys.readouterr().err

@@ -164,6 +164,13 @@ def decode_lines(report: Report) -> list[str]:
                      f"{fmt_bytes(p['kv_written_bytes'])} KV written{when}")
     lines.append(f"kv cache   {fmt_bytes(kv['bytes_per_token'])} per token: {fmt_bytes(kv['bytes'])} for "
                  f"{kv['tokens']:,} tokens x {kv['batch']} (the traced cache's {kv['tensors']} tensors)")
+    grid = kv.get("grid") or []
+    if grid:
+        cells = ", ".join(f"{g['batch']}x{g['context'] // 1024}k {fmt_bytes(g['bytes'])}"
+                          + (" (fits)" if g.get("fits") else " (does not fit)" if "fits" in g else "")
+                          for g in grid if g["batch"] in (1, 32) and g["context"] in (8192, 131072))
+        lines.append(f"kv grid    weights {fmt_bytes(kv['weights_bytes'])} + KV, batch x context: {cells}; "
+                     "--json lists all")
     return lines
 
 
