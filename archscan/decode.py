@@ -63,6 +63,11 @@ def _dtype(out: Any) -> str | None:
     return str(tensors[0].dtype).replace("torch.", "") if tensors else None
 
 
+def _storage_bytes(tensors) -> int:
+    """The bytes of the tensors' storages, each storage once (views and shared tensors count once)."""
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 def _cache_of(output: Any) -> Any:
     """The cache a ``use_cache=True`` forward returned (the protocol in the module docstring)."""
     if hasattr(output, "past_key_values"):
@@ -104,7 +109,7 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
     cached = output_tensors(cache)
     cache_keys = {storage_key(t) for t in cached}
-    kv_bytes = sum({storage_key(t): t.untyped_storage().nbytes() for t in cached}.values())
+    kv_bytes = _storage_bytes(cached)
     costs = _StepCosts(weight_keys, cache_keys)
     try:
         with fake_mode, torch.no_grad(), quiet(), costs:
@@ -112,11 +117,11 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
     except Exception as exc:
         raise CaptureError(f"the decode step after {context} cached tokens did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
-    written = sum({storage_key(t): t.untyped_storage().nbytes() for t in output_tensors(_cache_of(output))}.values())
+    written = _storage_bytes(output_tensors(_cache_of(output)))
     prefill_phase = _phase(first, batch * context, 0, 0, kv_bytes, profile)
     decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
                                                   context, written, profile)}
-    weights = sum({storage_key(t): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}.values())
+    weights = _storage_bytes([*model.parameters(), *model.buffers()])
     per_token = kv_bytes // (batch * context)
     return {"phases": {"prefill": prefill_phase, "decode": decode_phase},
             "kv_cache": {"bytes": kv_bytes, "bytes_per_token": per_token, "tokens": context,

@@ -321,8 +321,9 @@ def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs
             continue
         peak = got["memory"]["peak_bytes"]
         flops = sum(p["flops"] for p in got["phases"].values())
-        if change.startswith("gradient accumulation"):  # two micro-steps' forward and backward, one optimizer step
-            flops = 2 * (flops - got["phases"]["optimizer"]["flops"]) + got["phases"]["optimizer"]["flops"]
+        steps = batch // sp[0].shape[0] if sp and sp[0].shape else 1  # micro-steps of a smaller batch: each a
+        optimizer = got["phases"]["optimizer"]["flops"]             # forward and backward, one optimizer step
+        flops = steps * (flops - optimizer) + optimizer
         out.append({"change": change, "peak_bytes": peak, "peak_delta": peak - base_peak,
                     "flops_delta": flops - base_flops, "apply": apply})
     return out

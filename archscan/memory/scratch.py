@@ -44,7 +44,8 @@ def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
-def _nbytes(t) -> int:
+def nbytes(t) -> int:
+    """A tensor's bytes (0 for anything else: an absent gradient, a size list)."""
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
@@ -78,7 +79,7 @@ def _im2col(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, stride, pa
 
 def _slow_grouped(x: torch.Tensor, groups: int) -> int:
     """One group's slice of ``x``, copied to be contiguous (a batch of one is contiguous already)."""
-    return _nbytes(x) // groups if groups > 1 and x.shape[0] > 1 else 0
+    return nbytes(x) // groups if groups > 1 and x.shape[0] > 1 else 0
 
 
 @register_scratch(aten.convolution)
@@ -94,7 +95,7 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
         return 0
     if _slow_cpu(x, dilation):
         columns = _im2col(x, weight, out, stride, padding, groups)
-        return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, _nbytes(out))
+        return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, nbytes(out))
     if not _onednn_cpu(x, weight):
         return 0
     n, cin, *spatial = x.shape
@@ -105,7 +106,7 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
     w_blocked = (_blocked(cout) * math.prod(kernel) if depthwise
                  else _blocked(cout) * (_blocked(cin_g) if cin >= 8 else cin_g) * math.prod(kernel)) * size
     out_blocked = n * _blocked(cout) * math.prod(out.shape[2:]) * size
-    return max(x_blocked + w_blocked + out_blocked, out_blocked + _nbytes(out)) - _nbytes(out)
+    return max(x_blocked + w_blocked + out_blocked, out_blocked + nbytes(out)) - nbytes(out)
 
 
 ONEDNN_REDUCTION_BYTES = 8448  # oneDNN's weight-gradient scratchpad beyond the weight's size (2 threads)
@@ -125,7 +126,7 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
     follows oneDNN's thread partitioning; it is counted as float32's (docs/memory.md)."""
     if transposed:
         return 0
-    results = sum(_nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
+    results = sum(nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
     if _slow_cpu(x, dilation):
         columns = _im2col(x, weight, grad_output, stride, padding, groups)
         if groups == 1:
@@ -133,14 +134,14 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
         return max(_slow_grouped(grad_output, groups) + _slow_grouped(x, groups) + columns, results)
     if not _onednn_cpu(x, weight):
         return 0
-    go, xin, w = _nbytes(grad_output), (_nbytes(x) if x.shape[1] % 8 == 0 else 0), _nbytes(weight)
+    go, xin, w = nbytes(grad_output), (nbytes(x) if x.shape[1] % 8 == 0 else 0), nbytes(weight)
     worst = 0
     if output_mask[0]:  # grad_output and weight reordered, blocked input gradient; then blocked and plain
-        gi = _nbytes(x)
+        gi = nbytes(x)
         worst = max(go + w + gi, 2 * gi) - results
     if output_mask[1]:  # the input gradient (a result) is live by then
         pad = 0 if groups == x.shape[1] and groups > 1 else w + ONEDNN_REDUCTION_BYTES
-        worst = max(worst, go + xin + pad + (_nbytes(x) if output_mask[0] else 0) + w - results)
+        worst = max(worst, go + xin + pad + (nbytes(x) if output_mask[0] else 0) + w - results)
     return max(worst, 0)
 
 
@@ -166,7 +167,7 @@ def _blas_ready(t) -> bool:
 def matmul_scratch(a, b, *, out):
     """The CPU kernel copies an operand BLAS cannot read as it is (a broadcast one, such as the
     gradient of a sum, ``ones.expand(n, m)``) to a contiguous matrix first."""
-    return sum(_nbytes(t) for t in (a, b) if t.device.type == "cpu" and not _blas_ready(t))
+    return sum(nbytes(t) for t in (a, b) if t.device.type == "cpu" and not _blas_ready(t))
 
 
 @register_scratch(aten.addmm, aten.baddbmm)

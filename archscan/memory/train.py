@@ -38,6 +38,7 @@ from ..frames import short
 from ..loading import InputSpec, ModelTarget
 from ..recording import needs_values, output_tensors, quiet
 from . import model_line, module_hooks, snapshot, summary, weights
+from .scratch import nbytes
 from .tracker import MemoryTracker
 
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -337,7 +338,6 @@ def _convolution_backward_split(args, kwargs, out, flops: int) -> tuple[tuple[in
     multiply-adds. Returns the input gradient's (multiply-adds, bytes) and both kernels' bytes."""
     grad_output, x, weight = args[:3]
     mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
-    nbytes = lambda t: t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # noqa: E731
     grad_input, grad_weight, grad_bias = (tuple(out) + (None, None, None))[:3]
     to_input = (nbytes(grad_output) + nbytes(weight) + nbytes(grad_input)) if mask[0] else 0
     to_weight = (nbytes(grad_output) + nbytes(x) + nbytes(grad_weight) + nbytes(grad_bias)

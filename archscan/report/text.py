@@ -175,13 +175,14 @@ def decode_lines(report: Report) -> list[str]:
 
 
 def _apart(a: int, b: int) -> tuple[str, str]:
-    """Two byte counts shown with the digits that tell them apart (80 GiB and 80 GiB would not)."""
-    for digits in (3, 5, 7):
-        text = [f"{v / 2**30:.{digits}g} GiB" if v >= 2**30 else fmt_bytes(v) for v in (a, b)]
-        if digits == 3:
-            text = [fmt_bytes(a), fmt_bytes(b)]
+    """Two byte counts shown with the digits that tell them apart (80 GiB and 80 GiB would not):
+    as ``fmt_bytes`` writes them, else in GiB to 5 or 7 significant digits, else exactly."""
+    if fmt_bytes(a) != fmt_bytes(b):
+        return fmt_bytes(a), fmt_bytes(b)
+    for digits in (5, 7):
+        text = f"{a / 2**30:.{digits}g} GiB", f"{b / 2**30:.{digits}g} GiB"
         if text[0] != text[1]:
-            return text[0], text[1]
+            return text
     return f"{a:,} bytes", f"{b:,} bytes"
 
 
