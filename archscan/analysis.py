@@ -177,8 +177,10 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
     the eager capture record as ``lift_fresh`` has lost its ``device=`` argument: the call on the
     node's source line tells whether it passed one (fx keeps it as a kwarg). Export's stack traces
     stop at the innermost ``forward``, so a call made in a helper below it (Hugging Face cache
-    code) is not on that line: ``host_factory_unchecked`` says so, unless the tensor is 0-dim with
-    no call on the line, a Python number torch wrapped, which kernels take as a scalar.
+    code) is not on that line: the export records the calls made below it (``archscan_made_at``, whose
+    first line without ``device=`` becomes ``made_at``); without a record ``host_factory_unchecked``
+    says so, unless the tensor is 0-dim with no call on the line, a Python number torch wrapped,
+    which kernels take as a scalar.
     """
     attrs: dict = {}
     shared = [a.name for a in node.all_input_nodes
@@ -193,6 +195,12 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
         if name in ("lift_fresh", "lift_fresh_copy"):
             device, costs = _passes_device(source_of(node)), node.meta.get("archscan")
             scalar = costs is not None and costs.out_shape == ()  # a Python number wrapped (x[:, 0] = 5)
+            made_at = node.meta.get("archscan_made_at")  # the calls a helper below that line made
+            if device is None and made_at:
+                without = [line for line, passed in made_at if not passed]
+                device = not without
+                if without:
+                    attrs["made_at"] = without[0]
             if device is None and not scalar:
                 attrs["host_factory_unchecked"] = True
             elif device is False:

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import inspect
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -37,7 +38,7 @@ from .costs import storage_key
 from .devices import short_of
 from .eager import capture_eager
 from .errors import ArchscanError, CaptureError, DeviceError
-from .frames import at, short
+from .frames import at, is_user_file, short, where
 from .graphmodule import graph_module
 from .loading import InputSpec, ModelTarget
 from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values, output_tensors,
@@ -151,10 +152,62 @@ def export_program(model: nn.Module, call: Call, dynamic_shapes: Any = None) -> 
         return output_tensors(forward(*args, **kwargs))
 
     model.forward = flat_forward  # on this instance only: export still sees the same module tree
+    sites: list[tuple[tuple[str, ...], bool]] = []
     try:
-        return torch.export.export(model, call.args, call.kwargs, strict=False, dynamic_shapes=dynamic_shapes)
+        with _factory_sites(sites):
+            program = torch.export.export(model, call.args, call.kwargs, strict=False, dynamic_shapes=dynamic_shapes)
     finally:
         del model.forward
+    _mark_factory_sites(program.graph, sites)
+    return program
+
+
+_FACTORIES = ("tensor", "as_tensor", "asarray")
+
+
+@contextlib.contextmanager
+def _factory_sites(sites: list[tuple[tuple[str, ...], bool]]):
+    """Record each ``torch.tensor``/``as_tensor``/``asarray`` call made while tracing: the model-code
+    lines on its stack (innermost first) and whether it passed ``device=``.
+
+    Export's stack traces keep only ``forward`` frames, so a tensor a helper makes (Hugging Face's
+    ``cache_utils``) is placed on the forward line that called the helper, where no such call is
+    written; these records say what the helper did.
+    """
+    originals = {name: getattr(torch, name) for name in _FACTORIES}
+
+    def recording(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            lines, frame = [], sys._getframe(1)
+            while frame is not None:
+                if is_user_file(frame.f_code.co_filename):
+                    lines.append(where(frame.f_code.co_filename, frame.f_lineno))
+                frame = frame.f_back
+            sites.append((tuple(lines), kwargs.get("device") is not None))
+            return fn(*args, **kwargs)
+        return call
+
+    for name, fn in originals.items():
+        setattr(torch, name, recording(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+
+
+def _mark_factory_sites(graph: torch.fx.Graph, sites: list[tuple[tuple[str, ...], bool]]) -> None:
+    """``node.meta['archscan_made_at']``: for each lifted constant (``lift_fresh``) whose source line
+    does not itself make a tensor, the recorded calls made below that line: [(line, passed device)]."""
+    for node in graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "__name__", "").split(".")[0] not in (
+                "lift_fresh", "lift_fresh_copy"):
+            continue
+        line = source_of(node)
+        below = [(lines[0], device) for lines, device in sites if line in lines[1:]]
+        if line and below:
+            node.meta["archscan_made_at"] = below
 
 
 class CostInterpreter(torch.fx.Interpreter):

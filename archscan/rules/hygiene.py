@@ -130,7 +130,8 @@ def check_host_tensor(ctx: RuleContext) -> list[Finding]:
     made = [n for n in ctx.report.nodes if n.attrs.get("host_factory")]
     consts = list(ctx.report.host_constants)
     if made or consts:
-        where = [c["source"] or c["consumer"] for c in consts] + [n.source or n.name for n in made]
+        where = [c["source"] or c["consumer"] for c in consts] + [n.attrs.get("made_at") or n.source or n.name
+                                                                  for n in made]
         by_name = {n.name: n for n in ctx.report.nodes}
         owners = [by_name[c["consumer"]].module for c in consts if c["consumer"] in by_name] + [n.module for n in made]
         findings.append(Finding(
@@ -139,7 +140,7 @@ def check_host_tensor(ctx: RuleContext) -> list[Finding]:
             evidence={"at": sorted(set(where))[:_SHOW], "constants": [c["name"] for c in consts][:_SHOW]},
             saving={"copies": len(made) + len(consts)},
             fix="register them as buffers in __init__ (register_buffer), or create them with device=x.device",
-            source=(consts[0]["source"] if consts else made[0].source),
+            source=(consts[0]["source"] if consts else made[0].attrs.get("made_at") or made[0].source),
         ))
     unchecked = [n for n in ctx.report.nodes if n.attrs.get("host_factory_unchecked")]
     if unchecked:
