@@ -293,3 +293,53 @@ def test_hugging_face_eager_attention_is_recommended_and_rewritten_to_sdpa(name,
     assert len(result.attention) == layers and result.check.passed
     ops = {str(n.target) for n in result.program.graph.nodes}
     assert "aten.scaled_dot_product_attention.default" in ops and "aten.softmax.int" not in ops
+
+
+@pytest.mark.parametrize("name, spec", [("bert", "2,16:int64"), ("llama", "1,16:int64")])
+def test_hugging_face_students_load_with_torch_alone(name, spec, tmp_path):
+    """distill's saved program holds plain tensors (no ModelOutput, no cache object): torch.export.load
+    in a process that never imports transformers runs it; Llama keeps its default cache."""
+    import subprocess
+    import sys
+
+    transformers = pytest.importorskip("transformers")
+    factory = {
+        "bert": lambda: transformers.BertModel(transformers.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128)),
+        "llama": _hf_models()["llama"],
+    }[name]
+    from archscan.distill import distill
+
+    out = tmp_path / f"{name}-student.pt2"
+    result = distill(factory, [spec], path=str(out))
+    assert result.path == str(out) and out.exists()
+    shape = [int(s) for s in spec.split(":")[0].split(",")]
+    code = (f"import sys, torch; p = torch.export.load({str(out)!r}).module(); "
+            f"y = p(torch.zeros({shape}, dtype=torch.long)); "
+            "assert 'transformers' not in sys.modules; print(type(y).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_mixtral_experts_count_by_hand_in_every_dtype(dtype):
+    """Mixtral's experts run through torch's grouped GEMM in bf16 and, in float32 under export,
+    through transformers' own ``grouped_mm_fallback`` op: both count T·k routed rows, exactly."""
+    transformers = pytest.importorskip("transformers")
+    b, t, h, heads, kv, inter, experts, k, vocab, layers = 2, 16, 64, 4, 2, 128, 4, 2, 128, 2
+    config = transformers.MixtralConfig(
+        hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv, num_local_experts=experts, num_experts_per_tok=k, vocab_size=vocab)
+    report = archscan.scan(lambda: transformers.MixtralForCausalLM(config), f"{b},{t}:int64", dtype=dtype,
+                           recommend=False, rules=[], train=True)
+    d = h // heads
+    per_layer = (b * t * (2 * h * h + 2 * h * kv * d)   # q, o; k, v (grouped-query heads)
+                 + b * heads * t * t * d * 2            # Q K^T and A V, dense
+                 + b * t * h * experts                  # the router
+                 + b * t * k * 3 * h * inter)           # gate, up, down of the k experts each token meets
+    assert report.totals.flops == layers * per_layer + b * t * h * vocab
+    assert not [op for op in report.uncounted if "mm" in op]
+    step = report.to_json()["training"]["phases"]
+    grouped = [n for n in report.nodes if "grouped_mm" in n.op]
+    assert grouped and sum(n.flops for n in grouped) == layers * b * t * k * 3 * h * inter
+    assert step["backward"]["flops"] > 2 * report.totals.flops - 2 * b * t * h * vocab  # experts' gradients counted

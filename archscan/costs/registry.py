@@ -167,7 +167,13 @@ def grouped_mm_shape(a, b, offs=None) -> tuple[int, ...] | None:
     return None
 
 
-@register_flops(*[p for p in (_opt("_grouped_mm"),) if p is not None])
+# Hugging Face's experts when torch's grouped GEMM is not taken (float32 under torch.export or
+# torch.compile): a custom op looping torch.mm over the experts; [T, K] x [E, K, N] -> [T, N]
+_HF_GROUPED_MM = "transformers::grouped_mm_fallback"
+_HF_GROUPED_MM_BACKWARD = "transformers::grouped_mm_fallback_backward"
+
+
+@register_flops(*[p for p in (_opt("_grouped_mm"),) if p is not None], _HF_GROUPED_MM)
 def grouped_mm_flops(a, b, offs=None, *args, out_val=None, **kwargs) -> int:
     """Multiply-adds of the experts' grouped GEMMs, exact and independent of the routing: every row
     of ``a`` meets one group's [K, N] (T rows: T·K·N, however the rows are routed); batched
@@ -182,6 +188,12 @@ def grouped_mm_flops(a, b, offs=None, *args, out_val=None, **kwargs) -> int:
     if ad == 3 and bd == 2:  # N grouped: each group's rows meet that group's [K, N_g] columns
         return a.shape[1] * a.shape[2] * b.shape[1]
     return 0
+
+
+@register_flops(_HF_GROUPED_MM_BACKWARD)
+def grouped_mm_backward_flops(a, b, offs, grad_output, *args, out_val=None, **kwargs) -> int:
+    """The input and the weight gradient of a [T, K] x [E, K, N] grouped GEMM: T·K·N each."""
+    return 2 * grouped_mm_flops(a, b, offs)
 
 
 @register_flops(aten._scaled_dot_product_flash_attention_for_cpu)
@@ -273,7 +285,8 @@ _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
     _opt("_efficient_attention_forward")) if p is not None])
 _categorize("conv", aten.convolution, aten._convolution)
-_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm, *[p for p in (_opt("_grouped_mm"),) if p is not None])
+_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm, *[p for p in (_opt("_grouped_mm"),) if p is not None],
+            _HF_GROUPED_MM, _HF_GROUPED_MM_BACKWARD)
 _categorize("linear", aten.addmm)
 _categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag, aten.embedding_dense_backward)
 
@@ -707,7 +720,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
             if k[0] in weight_keys:
                 weight += nbytes
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
-    if packet is _GROUPED_MM and len(args) > 1 and args[0].dim() == 2 and args[1].dim() == 3:
+    if (packet is _GROUPED_MM or key == _HF_GROUPED_MM) and len(args) > 1 and args[0].dim() == 2 \
+            and args[1].dim() == 3:
         attrs = expert_reads(args[0], args[1])  # the experts the routed rows touch, not all of them
         read -= _nbytes(args[1]) - attrs["expert_bytes_read"]
         if storage_key(args[1]) in weight_keys:
