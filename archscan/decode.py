@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .building import build_fake, make_call
-from .costs import cost_op, storage_key, tensors_in
+from .costs import cost_op, storage_key, tensors_in, topk_routing
 from .costs.kernels import run_op
 from .errors import ArchscanError, CaptureError
 from .frames import short
@@ -43,6 +43,7 @@ class _StepCosts(TorchDispatchMode):
         super().__init__()
         self.weight_keys, self.cache_keys = weight_keys, cache_keys
         self.ops: list = []
+        self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
         self.kv_read: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -50,7 +51,8 @@ class _StepCosts(TorchDispatchMode):
         out = run_op(func, args, kwargs)
         if func.namespace == "prim":
             return out
-        self.ops.append((cost_op(func, args, kwargs, out, self.weight_keys), _dtype(out)))
+        self.routing = topk_routing(func, out) or self.routing
+        self.ops.append((cost_op(func, args, kwargs, out, self.weight_keys, self.routing), _dtype(out)))
         for t in tensors_in((args, kwargs)):
             key = storage_key(t)
             if key in self.cache_keys:

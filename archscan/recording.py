@@ -15,7 +15,7 @@ import torch.fx
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .costs import OpCost, cost_op, storage_key, tensors_in
+from .costs import OpCost, cost_op, storage_key, tensors_in, topk_routing
 from .costs.kernels import run_op
 from .frames import is_user_file, where
 
@@ -40,6 +40,7 @@ class OpRecorder(TorchDispatchMode):
         self.param_keys = param_keys
         self.current: NodeCosts | None = None
         self.on_op = None  # optional callback(func, args, kwargs, out, cost)
+        self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -50,7 +51,8 @@ class OpRecorder(TorchDispatchMode):
         out = run_op(func, args, kwargs)
         if func.namespace == "prim":  # prim.device and friends: metadata queries, no work
             return out
-        cost = cost_op(func, args, kwargs, out, self.weight_keys)
+        self.routing = topk_routing(func, out) or self.routing
+        cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
         if self.current is not None:
             self.current.ops.append(cost)
             if cost.weight_bytes:

@@ -317,14 +317,19 @@ def test_datasheet_profiles_predict_without_the_gpu(capsys):
 
 
 def test_expert_weight_bytes_follow_the_routed_rows():
-    """A grouped GEMM reads the experts its routed rows touch: E·(1 − (1 − 1/E)^R) expected
-    (balanced routing, each row independent), min(E, R) at worst, not all E at one token."""
+    """A grouped GEMM reads the experts its routed tokens touch: balanced routing, each token picking
+    k distinct experts, E·(1 − (1 − k/E)^T) expected (k at one token), min(E, T·k) at worst."""
+    per_expert = 32 * 64 * 4  # [K, N] float32
     report = archscan.scan(f"{MODELS}:GroupedExperts", "1,1,32", recommend=False, rules=[])
     (up, down) = [n for n in report.nodes if n.op == "aten._grouped_mm"]
-    per_expert = 32 * 64 * 4  # [K, N] float32
-    expected = 8 * (1 - (1 - 1 / 8) ** 2)  # one token, top-2: two routed rows
-    assert up.attrs["expected_experts"] == pytest.approx(expected, abs=1e-3) and up.attrs["worst_case_experts"] == 2
-    assert up.weight_bytes == round(expected * per_expert) and up.attrs["expert_bytes_worst_case"] == 2 * per_expert
+    assert (up.attrs["tokens"], up.attrs["experts_per_token"]) == (1, 2)
+    assert up.attrs["expected_experts"] == 2 and up.attrs["worst_case_experts"] == 2
+    assert up.weight_bytes == 2 * per_expert and up.attrs["expert_bytes_worst_case"] == 2 * per_expert
+    three = archscan.scan(f"{MODELS}:GroupedExperts", "1,3,32", recommend=False, rules=[])
+    up = next(n for n in three.nodes if n.op == "aten._grouped_mm")
+    expected = 8 * (1 - (1 - 2 / 8) ** 3)  # 3 tokens, top-2 of 8: 4.625 experts
+    assert up.attrs["expected_experts"] == pytest.approx(expected, abs=1e-3) and up.attrs["worst_case_experts"] == 6
+    assert up.weight_bytes == round(expected * per_expert)
     many = archscan.scan(f"{MODELS}:GroupedExperts", "4,64,32", recommend=False, rules=[])
     up = next(n for n in many.nodes if n.op == "aten._grouped_mm")
     assert up.attrs["worst_case_experts"] == 8 and up.weight_bytes <= 8 * per_expert

@@ -585,17 +585,32 @@ def _deform_conv_attrs(args) -> dict:
 _GROUPED_MM = _opt("_grouped_mm")
 
 
-def expert_reads(rows: torch.Tensor, experts: torch.Tensor) -> dict:
-    """The expert weights a grouped GEMM reads: [R, K] routed rows against [E, K, N] experts. Each
-    routed row is taken to pick an expert uniformly and independently (balanced routing), so
-    E·(1 − (1 − 1/E)^R) experts are expected to be read; at worst min(E, R). The bytes counted are
-    the expected ones; ``attrs`` carry both."""
+def expert_reads(rows: torch.Tensor, experts: torch.Tensor, routing: tuple[int, int] | None = None) -> dict:
+    """The expert weights a grouped GEMM reads: [R, K] routed rows against [E, K, N] experts.
+
+    ``routing`` is (tokens T, experts per token k) of the top-k that routed the rows (R = T·k).
+    Balanced routing is assumed: each token picks k distinct experts uniformly, so an expert is
+    missed by a token with probability 1 − k/E and E·(1 − (1 − k/E)^T) experts are expected to
+    be read (k for one token); at worst min(E, T·k). Without a top-k that matches (R ≠ T·k), each
+    row counts as a token of its own (k = 1). The bytes counted are the expected ones; ``attrs``
+    carry both."""
     r, e = int(rows.shape[0]), int(experts.shape[0])
+    tokens, k = routing if routing and routing[0] * routing[1] == r and routing[1] else (r, 1)
     per_expert = _nbytes(experts) // max(e, 1)
-    expected = e * (1 - (1 - 1 / e) ** r) if e else 0.0
-    return {"experts": e, "routed_rows": r, "expected_experts": round(expected, 3),
-            "worst_case_experts": min(e, r), "expert_bytes_read": round(expected * per_expert),
-            "expert_bytes_worst_case": min(e, r) * per_expert}
+    expected = e * (1 - (1 - min(k, e) / e) ** tokens) if e else 0.0
+    return {"experts": e, "routed_rows": r, "tokens": tokens, "experts_per_token": k,
+            "expected_experts": round(expected, 3), "worst_case_experts": min(e, r),
+            "expert_bytes_read": round(expected * per_expert), "expert_bytes_worst_case": min(e, r) * per_expert}
+
+
+def topk_routing(func, out: Any) -> tuple[int, int] | None:
+    """(tokens, k) of a top-k's result ([..., k] values and indices): a router choosing k experts
+    for each of the tokens; None for any other op."""
+    if func.overloadpacket is not aten.topk or not isinstance(out, (tuple, list)) or not out:
+        return None
+    values = out[0]
+    k = int(values.shape[-1]) if values.dim() else 0
+    return (values.numel() // k, k) if k else None
 
 
 def causal_pairs(queries: int, keys: int) -> int:
@@ -684,7 +699,8 @@ def category_of(func) -> str:
 _MATMULS = (aten.mm, aten.bmm, aten.baddbmm)
 
 
-def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | set = frozenset()) -> OpCost:
+def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | set = frozenset(),
+            routing: tuple[int, int] | None = None) -> OpCost:
     """Cost one executed aten op from its arguments and result (shapes and dtypes only).
 
     Args:
@@ -692,6 +708,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         args, kwargs, out: what the op was called with and returned (real, fake or meta tensors).
         weight_keys: storage keys of the model's parameters and buffers, so weight reads
             are told apart from activation reads.
+        routing: (tokens, k) of the last top-k router run (``topk_routing``), for the expert
+            weights a grouped GEMM reads.
     """
     name, packet, key, free, category, formula, elem_formula = _op_info(func)
     if free:
@@ -722,7 +740,7 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
     write = 0 if packet in _NO_WRITE else sum(_nbytes(t) for t in outs)
     if (packet is _GROUPED_MM or key == _HF_GROUPED_MM) and len(args) > 1 and args[0].dim() == 2 \
             and args[1].dim() == 3:
-        attrs = expert_reads(args[0], args[1])  # the experts the routed rows touch, not all of them
+        attrs = expert_reads(args[0], args[1], routing)  # the experts the routed rows touch, not all of them
         read -= _nbytes(args[1]) - attrs["expert_bytes_read"]
         if storage_key(args[1]) in weight_keys:
             weight -= _nbytes(args[1]) - attrs["expert_bytes_read"]
