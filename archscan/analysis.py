@@ -123,6 +123,8 @@ def _merge_attrs(costs: NodeCosts) -> dict:
     """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
     several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
     attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
+    if any("idle_expert_params" in c.attrs for c in costs.ops):  # every grouped expert GEMM of the node
+        attrs["idle_expert_params"] = sum(c.attrs.get("idle_expert_params", 0) for c in costs.ops)
     if any("executed_flops" in c.attrs for c in costs.ops):  # causal attention: the pairs it computes
         attrs["executed_flops"] = sum(c.attrs.get("executed_flops", c.flops) for c in costs.ops)
     by_category: Counter = Counter()
@@ -165,6 +167,13 @@ def _passes_device(source: str | None) -> bool | None:
         return all(any(k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
                        for k in c.keywords) for c in calls) if calls else None
     return None
+
+
+def _active_params(used: int, nodes: Sequence[NodeReport]) -> int | None:
+    """Mixture of experts: the parameters one token uses, the experts' k of E and everything else;
+    None for a model without routed experts (every parameter used is active)."""
+    idle = [n.attrs["idle_expert_params"] for n in nodes if "idle_expert_params" in n.attrs]
+    return used - sum(idle) if idle else None
 
 
 def _placement_attrs(node: torch.fx.Node) -> dict:
@@ -277,6 +286,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         write_bytes=sum(n.write_bytes for n in nodes), weight_bytes=sum(n.weight_bytes for n in nodes),
         used_params=used, unused_params=total_params - used, param_bytes=param_bytes,
         executed_flops=sum(n.attrs.get("executed_flops", n.flops) for n in nodes),
+        active_params=_active_params(used, nodes),
     )
     return Report(
         unused_param_names=unused_names, host_constants=_host_constants(gm), training=captured.training,

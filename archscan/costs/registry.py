@@ -600,6 +600,7 @@ def expert_reads(rows: torch.Tensor, experts: torch.Tensor, routing: tuple[int, 
     expected = e * (1 - (1 - min(k, e) / e) ** tokens) if e else 0.0
     return {"experts": e, "routed_rows": r, "tokens": tokens, "experts_per_token": k,
             "expected_experts": round(expected, 3), "worst_case_experts": min(e, r),
+            "idle_expert_params": experts.numel() * (e - min(k, e)) // max(e, 1),  # not one token's k
             "expert_bytes_read": round(expected * per_expert), "expert_bytes_worst_case": min(e, r) * per_expert}
 
 

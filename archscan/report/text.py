@@ -98,7 +98,8 @@ def totals_lines(report: Report) -> list[str]:
     lines = [
         f"model      {report.model}  (capture: {report.capture}, dtype {report.dtype}, input {inputs})",
         f"params     {fmt_count(t.params)} ({t.params:,}; {fmt_bytes(t.param_bytes)})"
-        + (f", {fmt_count(t.unused_params)} unused for these inputs" if t.unused_params else ""),
+        + (f", {fmt_count(t.unused_params)} unused for these inputs" if t.unused_params else "")
+        + (f"; {fmt_count(t.active_params)} active per token (k of E experts)" if t.active_params is not None else ""),
         f"FLOPs      {fmt_count(t.flops)} multiply-adds ({t.flops:,})"
         + (f"; executed {fmt_count(t.executed_flops)} ({t.executed_flops:,}: causal attention computes only the "
            "query-key pairs its mask leaves)" if t.executed_flops is not None and t.executed_flops != t.flops else ""),
