@@ -325,6 +325,11 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
         if gm is not None:
             return captured(gm, "fx")
+    if method in ("auto", "export"):  # export before the eager recording: it is the capture kept
+        watcher = SyncWatcher()
+        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
+        if gm is not None:
+            return captured(gm, "export", syncs=watcher.records())
     recording = None
     if method in ("auto", "eager"):
         watcher = SyncWatcher()
@@ -335,12 +340,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
             if not needs_values(exc.__cause__):
                 raise  # the model fails on these inputs: a real run would fail the same way
             why = f"the model needs tensor values{at(exc.__cause__, target.source_file)}: {short(exc.__cause__)}"
-            failures["export" if method == "auto" else "eager on fake tensors"] = f"skipped: {why}"
-    if method == "export" or (method == "auto" and recording is not None):
-        watcher = SyncWatcher()
-        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
-        if gm is not None:
-            return captured(gm, "export", syncs=watcher.records())
+            failures["eager on fake tensors"] = why
     if method in ("fx", "export"):
         raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
                            hint="use --capture auto to let archscan fall back to another capture")
@@ -414,7 +414,8 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
             gm = (model if kind == "program" else trace_fx(model, call) if kind == "fx"
                   else trace_export(model, call))
     except Exception as exc:
-        failures[kind] = short(exc)
+        failures[kind] = (f"the model needs tensor values{at(exc)}" if kind == "export"
+                          and needs_values(exc) else short(exc))
         return None
     recorder = OpRecorder(weight_keys, set(names))
     try:

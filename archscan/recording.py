@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import sys
@@ -66,7 +67,15 @@ class OpRecorder(TorchDispatchMode):
         return {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
 
 
-_SYNC_METHODS = {"tolist", "item", "numpy"}
+_SYNC_METHODS = ("tolist", "item", "numpy")
+
+
+def _tensor_classes() -> tuple[type, ...]:
+    """torch.Tensor and the subclasses a capture hands the model (they override ``tolist``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return (torch.Tensor, FakeTensor, FunctionalTensor)
 
 
 class SyncWatcher:
@@ -75,32 +84,45 @@ class SyncWatcher:
     recording never sees ``.tolist()`` (it reads memory without dispatching an op) and export
     drops what it cannot trace, yet each one is a host-device sync.
 
-    A profile hook (``sys.setprofile``) sees the C-level calls without taking part in them: a
-    ``TorchFunctionMode`` would switch off fused fast paths (``nn.MultiheadAttention``) and so
+    The methods are wrapped, while the watcher is active, on ``torch.Tensor`` and the tensor
+    subclasses that define their own (fake and functional tensors). A profile hook
+    (``sys.setprofile``) would run on every Python call and return, doubling an export's time;
+    a ``TorchFunctionMode`` would switch off fused fast paths (``nn.MultiheadAttention``) and so
     change the path being captured.
     """
 
     def __init__(self):
         self.calls: dict[tuple[str, str], int] = {}  # (op, file:line) -> count
-        self._previous = None
+        self._saved: list[tuple[type, str, Any]] = []
 
-    def _hook(self, frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", None) in _SYNC_METHODS \
-                and isinstance(getattr(arg, "__self__", None), torch.Tensor):
-            user = _user_frame(frame)
+    def _wrap(self, name: str, method):
+        calls = self.calls
+
+        @functools.wraps(method)
+        def watched(tensor, *args, **kwargs):
+            user = _user_frame(sys._getframe(1))
             if user is not None:
-                key = (f"Tensor.{arg.__name__}", where(user.f_code.co_filename, user.f_lineno))
-                self.calls[key] = self.calls.get(key, 0) + 1
-        if self._previous is not None:
-            self._previous(frame, event, arg)
+                key = (f"Tensor.{name}", where(user.f_code.co_filename, user.f_lineno))
+                calls[key] = calls.get(key, 0) + 1
+            return method(tensor, *args, **kwargs)
+
+        return watched
 
     def __enter__(self) -> "SyncWatcher":
-        self._previous = sys.getprofile()
-        sys.setprofile(self._hook)
+        for cls in _tensor_classes():
+            for name in _SYNC_METHODS:
+                if cls is torch.Tensor or name in cls.__dict__:
+                    self._saved.append((cls, name, cls.__dict__.get(name)))
+                    setattr(cls, name, self._wrap(name, getattr(cls, name)))
         return self
 
     def __exit__(self, *exc) -> None:
-        sys.setprofile(self._previous)
+        for cls, name, before in reversed(self._saved):
+            if before is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, before)
+        self._saved.clear()
 
     def records(self) -> tuple[dict, ...]:
         return tuple({"op": op, "source": source, "count": n} for (op, source), n in self.calls.items())

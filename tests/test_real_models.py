@@ -69,11 +69,12 @@ def test_llama_2_7b_sized_decoder_is_analysed_in_under_2_gib():
 
 
 def test_value_dependent_model_skips_export_and_runs_seeded(toy):
-    """The fake-tensor recording fails on `if y.abs().mean() > -1`: export would fail the same way, so
-    it is skipped, and the real run uses seeded inputs the report names."""
+    """Export and the fake-tensor recording fail on `if y.abs().mean() > -1`, each saying why in
+    words, and the real run uses seeded inputs the report names."""
     r = archscan.scan(f"{toy}:DataBranch", [(1, 3, 8, 8)], rules=[])
     assert r.capture == "eager"
-    assert "export skipped (the model needs tensor values" in r.capture_notes[0]
+    assert "export failed (the model needs tensor values at tests/models/toy.py:57" in r.capture_notes[0]
+    assert "eager on fake tensors failed (the model needs tensor values" in r.capture_notes[0]
     assert "toy.py:57" in r.capture_notes[0]
     assert any("torch.manual_seed(0)" in n and "seeded random inputs" in n for n in r.capture_notes)
 
