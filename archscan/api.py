@@ -90,13 +90,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     try:
         with seeded_rng():
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
-                           recommend, train, budget, what_ifs)
-            if decode is not None:
-                from .decode import decode_step
-
-                llm = decode_step(target, specs, decode, kwargs, dtype, profile if isinstance(profile, DeviceProfile)
-                                  else cached_profile(resolve_device(None), None)[0] if profile is None else None)
-                report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
+                           recommend, train, budget, what_ifs, decode)
             return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
@@ -204,7 +198,7 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
-          train: TrainOptions | None = None, budget=None, what_ifs: bool = False) -> Report:
+          train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None) -> Report:
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -226,6 +220,11 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
     if budget is not None or what_ifs:
         report = _with_budget(report, target, specs, kwargs, dtype, train, budget, what_ifs)
+    if decode is not None:
+        from .decode import decode_step
+
+        llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None)
+        report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 

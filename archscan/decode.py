@@ -16,11 +16,13 @@ the whole cache each step).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -32,19 +34,42 @@ from .frames import short
 from .loading import InputSpec, ModelTarget
 from .measure import DeviceProfile
 from .measure.predict import predict_node
-from .recording import output_tensors, quiet
+from .recording import output_tensors, quiet, user_line
 from .results import NodeReport
 
 
 class _StepCosts(TorchDispatchMode):
-    """Costs every op of the step; notes the cache storages the ops read."""
+    """Costs every op of the step; notes the cache storages the ops read, and the weight GEMMs
+    that run over the whole cached context (``rows``: the tokens cached after the step)."""
 
-    def __init__(self, weight_keys: set, cache_keys: set):
+    def __init__(self, weight_keys: set, cache_keys: set, rows: int = 0):
         super().__init__()
-        self.weight_keys, self.cache_keys = weight_keys, cache_keys
+        self.weight_keys, self.cache_keys, self.rows = weight_keys, cache_keys, rows
         self.ops: list = []
         self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
         self.kv_read: dict[int, int] = {}
+        self.from_cache = set(cache_keys)  # storages computed from the cache
+        self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
+        self.modules: list[str] = []  # the modules running now, outermost first (``watch_modules``)
+
+    @contextlib.contextmanager
+    def watch_modules(self, model: torch.nn.Module):
+        """Keep ``modules`` while the model runs: global forward hooks, removed after."""
+        names = {id(m): name for name, m in model.named_modules()}
+
+        def enter(module, args) -> None:
+            self.modules.append(names.get(id(module), ""))
+
+        def leave(module, args, out) -> None:  # returns None: the output stays the module's
+            self.modules.pop()
+
+        push = torch.nn.modules.module.register_module_forward_pre_hook(enter)
+        pop = torch.nn.modules.module.register_module_forward_hook(leave)
+        try:
+            yield
+        finally:
+            push.remove()
+            pop.remove()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -52,11 +77,18 @@ class _StepCosts(TorchDispatchMode):
         if func.namespace == "prim":
             return out
         self.routing = topk_routing(func, out) or self.routing
-        self.ops.append((cost_op(func, args, kwargs, out, self.weight_keys, self.routing), _dtype(out)))
-        for t in tensors_in((args, kwargs)):
+        cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
+        self.ops.append((cost, _dtype(out)))
+        tensors = tensors_in((args, kwargs))
+        derived = [t for t in tensors if storage_key(t) in self.from_cache]
+        for t in derived:
             key = storage_key(t)
             if key in self.cache_keys:
                 self.kv_read[key] = t.untyped_storage().nbytes()
+        if derived:
+            self.from_cache.update(storage_key(t) for t in tensors_in(out))
+            if cost.flops and cost.weight_bytes and any(self.rows in t.shape for t in derived):
+                self.context_gemms.append((cost.flops, user_line(), self.modules[-1] if self.modules else ""))
         return out
 
 
@@ -90,12 +122,26 @@ def check_decode(specs: Sequence[InputSpec], context: int) -> None:
 
 
 def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, kwargs: dict | None = None,
-                dtype: torch.dtype | None = None, profile: DeviceProfile | None = None) -> dict:
+                dtype: torch.dtype | None = None, profile: DeviceProfile | None = None,
+                model: torch.nn.Module | None = None) -> dict:
     """The ``phases.decode`` and ``kv_cache`` sections: one step of ``specs`` (the new tokens)
-    after a cache of ``context`` tokens."""
+    after a cache of ``context`` tokens. ``model``: the scan's model on fake tensors, reused (its
+    modes are left as found); None builds one."""
     check_decode(specs, context)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = build_fake(target, kwargs or {}, dtype, fake_mode, specs).eval()
+    fake_mode = detect_fake_mode(list(model.parameters())) if model is not None else None
+    if fake_mode is None:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+    modes = {m: m.training for m in model.modules()}
+    try:
+        return _decode(model.eval(), fake_mode, specs, context, dtype, profile)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
+            dtype: torch.dtype | None, profile: DeviceProfile | None) -> dict:
     batch = specs[0].shape[0]
     prefill = make_call([replace(specs[0], shape=(batch, context))], dtype, fake_mode)
     step = make_call(specs, dtype, fake_mode)
@@ -112,9 +158,9 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
     cached = output_tensors(cache)
     cache_keys = {storage_key(t) for t in cached}
     kv_bytes = _storage_bytes(cached)
-    costs = _StepCosts(weight_keys, cache_keys)
+    costs = _StepCosts(weight_keys, cache_keys, rows=context + specs[0].shape[1])
     try:
-        with fake_mode, torch.no_grad(), quiet(), costs:
+        with fake_mode, torch.no_grad(), quiet(), costs, costs.watch_modules(model):
             output = model(*step.args, **step.kwargs, past_key_values=cache, use_cache=True)
     except Exception as exc:
         raise CaptureError(f"the decode step after {context} cached tokens did not run: {short(exc)}",
@@ -123,6 +169,11 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
     prefill_phase = _phase(first, batch * context, 0, 0, kv_bytes, profile)
     decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
                                                   context, written, profile)}
+    if costs.context_gemms:  # weights multiplied over every cached token, each step (a re-expanded cache)
+        decode_phase["context_gemms"] = {"flops": sum(f for f, _, _ in costs.context_gemms),
+                                         "ops": len(costs.context_gemms), "rows": costs.rows,
+                                         "at": sorted({line for _, line, _ in costs.context_gemms if line}),
+                                         "modules": [m for _, _, m in costs.context_gemms]}
     weights = _storage_bytes([*model.parameters(), *model.buffers()])
     per_token = kv_bytes // (batch * context)
     return {"phases": {"prefill": prefill_phase, "decode": decode_phase},

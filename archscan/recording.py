@@ -100,9 +100,9 @@ class SyncWatcher:
 
         @functools.wraps(method)
         def watched(tensor, *args, **kwargs):
-            user = _user_frame(sys._getframe(1))
-            if user is not None:
-                key = (f"Tensor.{name}", where(user.f_code.co_filename, user.f_lineno))
+            line = user_line(sys._getframe(1))
+            if line is not None:
+                key = (f"Tensor.{name}", line)
                 calls[key] = calls.get(key, 0) + 1
             return method(tensor, *args, **kwargs)
 
@@ -133,6 +133,12 @@ def _user_frame(frame):
     while frame is not None and not is_user_file(frame.f_code.co_filename):
         frame = frame.f_back
     return frame
+
+
+def user_line(frame=None) -> str | None:
+    """'file.py:LINE' of the innermost model-code frame now executing (at or above ``frame``)."""
+    user = _user_frame(frame if frame is not None else sys._getframe(1))
+    return where(user.f_code.co_filename, user.f_lineno) if user is not None else None
 
 
 def first_tensor(value) -> torch.Tensor | None:

@@ -366,3 +366,29 @@ def test_decode_step_with_a_kv_cache_by_hand(capsys):
         assert cell["fits"] == (cell["bytes"] <= 24 << 30)
     assert main(["zoo:resnet18", "--decode", "16"]) == 2
     assert "--decode takes one input of token ids" in capsys.readouterr().err
+
+
+def test_a_cache_re_expanded_every_step_is_named_with_both_numbers(capsys):
+    """As written vs as served: weights multiplied over all L cached tokens each decode step (a
+    compressed cache re-expanded, Hugging Face's DeepSeek-V3) are a finding with both numbers;
+    a plain key/value cache (the zoo's Llama) is not."""
+    context, latent, heads, hd, dim, vocab = 100, 8, 2, 16, 32, 100
+    report = _scan_json(capsys, f"{MODELS}:LatentCacheDecoder", "--input", "1,1:int64", "--decode", str(context))
+    decode = report["phases"]["decode"]
+    rows = context + 1
+    assert decode["context_gemms"]["flops"] == rows * latent * heads * 2 * hd  # up, over every cached token
+    rest = dim * latent + dim * heads * hd + heads * rows * 2 * hd + heads * hd * vocab  # down, q, attention, out
+    assert decode["flops"] - decode["context_gemms"]["flops"] == rest
+    (f,) = [f for f in report["findings"] if f["rule"] == "decode-context"]
+    assert f["module"] == "up" and f["evidence"] == {
+        "context_flops": rows * latent * heads * 2 * hd, "rest_flops": rest, "context": context,
+        "at": [f["source"]], "modules": ["up"]}
+    assert f["source"].endswith(f"new_users.py:{_line_of('kv = self.up(latent)')}")
+    llama = _scan_json(capsys, "zoo:llama_tiny", "--input", "1,1:int64", "--decode", "64")
+    assert "context_gemms" not in llama["phases"]["decode"]
+    assert not [f for f in llama["findings"] if f["rule"] == "decode-context"]
+
+
+def _line_of(text: str) -> int:
+    with open(MODELS) as fh:
+        return next(i for i, line in enumerate(fh, 1) if text in line)

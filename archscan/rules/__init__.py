@@ -32,6 +32,7 @@ RULES: dict[str, Check] = {
     "no-grad": hygiene.check_no_grad,
     "batch-size": hygiene.check_batch_size,          # needs --measure --sweep
     "input-transfer": hygiene.check_input_transfer,  # needs --measure --sweep on a GPU
+    "decode-context": hygiene.check_decode_context,  # needs --decode
 }
 
 SEVERITIES = ("info", "warning", "error")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..results import Finding, NodeReport
+from ..units import fmt_count
 from .context import RuleContext
 
 _SHOW = 10  # examples listed in a finding's evidence
@@ -359,4 +360,32 @@ def check_input_transfer(ctx: RuleContext) -> list[Finding]:
         evidence={"copies": copies},
         saving={"latency_ms": pageable - pinned},
         fix="DataLoader(pin_memory=True) and .to(device, non_blocking=True); ship images as uint8 and normalise on the device",
+    )]
+
+
+def check_decode_context(ctx: RuleContext) -> list[Finding]:
+    """--decode: weights multiplied over every cached token, each step. A model that caches a
+    compressed KV (multi-head latent attention) and re-expands all of it every step as written
+    costs a multiple of what serving kernels spend, which keep the cache compressed."""
+    decode = (ctx.report.phases or {}).get("decode") or {}
+    gemms = decode.get("context_gemms")
+    if not gemms:
+        return []
+    rest = decode["flops"] - gemms["flops"]
+    at = gemms["at"]
+    modules = gemms["modules"]
+    return [Finding(
+        rule="decode-context", severity="warning" if gemms["flops"] > rest else "info",
+        module=(modules[0] or "(model)") + (f" (+{len(modules) - 1})" if len(modules) > 1 else ""),
+        message=(f"each decode step multiplies weights over all {gemms['rows']:,} cached tokens, as written: "
+                 f"{fmt_count(gemms['flops'])} multiply-adds per step in {gemms['ops']} GEMM(s), against "
+                 f"{fmt_count(rest)} for the rest of the step ({gemms['flops'] / max(rest, 1):.1f}x), growing with "
+                 "the context: a compressed KV cache re-expanded every step"),
+        evidence={"context_flops": gemms["flops"], "rest_flops": rest, "context": decode["context"], "at": at,
+                  "modules": modules[:10]},
+        saving={"flops": gemms["flops"]},
+        fix=("keep the cache compressed at decode: fold these weights into the query and output projections "
+             "(absorbed multi-head latent attention, as serving kernels do: almost all of it goes), or cache "
+             "what they produce"),
+        source=at[0] if at else None,
     )]

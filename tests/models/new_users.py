@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class LSTMHead(nn.Module):
@@ -250,3 +251,29 @@ class GroupedExperts(nn.Module):
         back = torch.empty_like(out)
         back[order] = out
         return (back.reshape(-1, self.k, x.shape[-1]) * weights[..., None]).sum(1).reshape(x.shape)
+
+
+class LatentCacheDecoder(nn.Module):
+    """Caches one compressed latent per token and re-expands all of it every step, as Hugging Face's
+    DeepSeek-V3 attention is written (serving kernels keep the latent and fold ``up`` away)."""
+
+    def __init__(self, vocab=100, dim=32, latent=8, heads=2, head_dim=16):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.embed = nn.Embedding(vocab, dim)
+        self.down = nn.Linear(dim, latent, bias=False)
+        self.up = nn.Linear(latent, heads * 2 * head_dim, bias=False)
+        self.q = nn.Linear(dim, heads * head_dim, bias=False)
+        self.out = nn.Linear(heads * head_dim, vocab, bias=False)
+
+    def forward(self, ids, past_key_values=None, use_cache=False):
+        x = self.embed(ids)
+        b, t, _ = x.shape
+        latent = self.down(x)
+        if past_key_values is not None:
+            latent = torch.cat([past_key_values, latent], dim=1)
+        kv = self.up(latent).view(b, latent.shape[1], self.heads, 2 * self.head_dim).transpose(1, 2)
+        k, v = kv.split(self.head_dim, dim=-1)
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        y = self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
+        return (y, latent) if use_cache else y
