@@ -223,7 +223,9 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
     if decode is not None:
         from .decode import decode_step
 
-        llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None)
+        named = profile is not None and profile.created.startswith("datasheet")  # a named GPU: its speed grid
+        llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None,
+                          grid=named)
         report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report

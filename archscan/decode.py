@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any, Sequence
 
 import torch
@@ -123,29 +124,65 @@ def check_decode(specs: Sequence[InputSpec], context: int) -> None:
 
 def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, kwargs: dict | None = None,
                 dtype: torch.dtype | None = None, profile: DeviceProfile | None = None,
-                model: torch.nn.Module | None = None) -> dict:
+                model: torch.nn.Module | None = None, grid: bool = False) -> dict:
     """The ``phases.decode`` and ``kv_cache`` sections: one step of ``specs`` (the new tokens)
     after a cache of ``context`` tokens. ``model``: the scan's model on fake tensors, reused (its
-    modes are left as found); None builds one."""
+    modes are left as found); None builds one. ``grid`` (with a profile): predicted time to the
+    first token, decode ms and tokens/s over the batch × context grid (``kv_cache.speed``)."""
     check_decode(specs, context)
     fake_mode = detect_fake_mode(list(model.parameters())) if model is not None else None
     if fake_mode is None:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
+    positions = max_positions(model)
+    if positions is not None and context + specs[0].shape[1] > positions[0]:
+        raise ArchscanError(f"--decode {context}: the model takes at most {positions[0]:,} positions ({positions[1]}); "
+                            f"{context:,} cached and {specs[0].shape[1]} new tokens need {context + specs[0].shape[1]:,}",
+                            hint=f"--decode {positions[0] - specs[0].shape[1]}")
     modes = {m: m.training for m in model.modules()}
     try:
-        return _decode(model.eval(), fake_mode, specs, context, dtype, profile)
+        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid)
     finally:
         for m, training in modes.items():
             m.training = training
 
 
-def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
-            dtype: torch.dtype | None, profile: DeviceProfile | None) -> dict:
-    batch = specs[0].shape[0]
-    prefill = make_call([replace(specs[0], shape=(batch, context))], dtype, fake_mode)
-    step = make_call(specs, dtype, fake_mode)
-    weight_keys = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+_POSITION_NAMES = ("max_position_embeddings", "max_seq_len", "n_positions", "max_positions")
+
+
+def max_positions(model: torch.nn.Module) -> tuple[int, str] | None:
+    """(the longest sequence the model takes, where that is said): a Hugging Face config's
+    ``max_position_embeddings`` (``n_positions``), else the first module attribute of those names
+    (the zoo's Llama: ``max_seq_len``, the length of its RoPE tables); None when none says."""
+    config = getattr(model, "config", None)
+    for name in _POSITION_NAMES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value, f"config.{name}"
+    for path, module in model.named_modules():
+        for name in _POSITION_NAMES:
+            value = getattr(module, name, None)
+            if isinstance(value, int) and value > 0:
+                return value, f"{path + '.' if path else ''}{name}"
+    return None
+
+
+@dataclass
+class _Run:
+    """One prefill of ``context`` tokens and the step after it, costed op by op."""
+
+    prefill: "_StepCosts"
+    step: "_StepCosts"
+    cached: tuple[torch.Tensor, ...]  # the cache's tensors after the prefill
+    written: int                       # the bytes of the cache the step returned
+
+
+def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec, batch: int,
+         context: int, dtype: torch.dtype | None) -> _Run:
+    """The prefill of ``batch`` × ``context`` tokens with ``use_cache=True``, then one step of
+    ``spec``'s new tokens (at ``batch``) after that cache."""
+    prefill = make_call([replace(spec, shape=(batch, context))], dtype, fake_mode)
+    step = make_call([replace(spec, shape=(batch, spec.shape[1]))], dtype, fake_mode)
     first = _StepCosts(weight_keys, set())
     try:
         with fake_mode, torch.no_grad(), quiet(), first:
@@ -156,19 +193,26 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
         raise CaptureError(f"the prefill of {context} tokens with use_cache=True did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
     cached = output_tensors(cache)
-    cache_keys = {storage_key(t) for t in cached}
-    kv_bytes = _storage_bytes(cached)
-    costs = _StepCosts(weight_keys, cache_keys, rows=context + specs[0].shape[1])
+    costs = _StepCosts(weight_keys, {storage_key(t) for t in cached}, rows=context + spec.shape[1])
     try:
         with fake_mode, torch.no_grad(), quiet(), costs, costs.watch_modules(model):
             output = model(*step.args, **step.kwargs, past_key_values=cache, use_cache=True)
     except Exception as exc:
         raise CaptureError(f"the decode step after {context} cached tokens did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
-    written = _storage_bytes(output_tensors(_cache_of(output)))
-    prefill_phase = _phase(first, batch * context, 0, 0, kv_bytes, profile)
+    return _Run(first, costs, cached, _storage_bytes(output_tensors(_cache_of(output))))
+
+
+def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
+            dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False) -> dict:
+    batch = specs[0].shape[0]
+    weight_keys = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    run = _run(model, fake_mode, weight_keys, specs[0], batch, context, dtype)
+    costs, cached = run.step, run.cached
+    kv_bytes = _storage_bytes(cached)
+    prefill_phase = _phase(run.prefill, batch * context, 0, 0, kv_bytes, profile)
     decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
-                                                  context, written, profile)}
+                                                  context, run.written, profile)}
     if costs.context_gemms:  # weights multiplied over every cached token, each step (a re-expanded cache)
         decode_phase["context_gemms"] = {"flops": sum(f for f, _, _ in costs.context_gemms),
                                          "ops": len(costs.context_gemms), "rows": costs.rows,
@@ -176,10 +220,159 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
                                          "modules": [m for _, _, m in costs.context_gemms]}
     weights = _storage_bytes([*model.parameters(), *model.buffers()])
     per_token = kv_bytes // (batch * context)
-    return {"phases": {"prefill": prefill_phase, "decode": decode_phase},
-            "kv_cache": {"bytes": kv_bytes, "bytes_per_token": per_token, "tokens": context,
-                         "batch": batch, "tensors": len(cached), "weights_bytes": weights,
-                         "grid": memory_grid(weights, per_token, _memory_of(profile))}}
+    cells = memory_grid(weights, per_token, _memory_of(profile))
+    kv_cache = {"bytes": kv_bytes, "bytes_per_token": per_token, "tokens": context, "batch": batch,
+                "tensors": len(cached), "weights_bytes": weights, "grid": cells}
+    if grid and profile is not None:
+        kv_cache["speed"] = speed_grid(model, fake_mode, weight_keys, specs[0], dtype, profile, run, batch,
+                                       context, cells)
+    return {"phases": {"prefill": prefill_phase, "decode": decode_phase}, "kv_cache": kv_cache}
+
+
+# --- time to first token and tokens/s over the grid, from a handful of small runs ----------------------
+#
+# Each op's multiply-adds and bytes are, in batch B and context L, bilinear in the decode step
+# (a + b·B + c·L + d·B·L: weights once, activations per sequence, the cache per token) and, in the
+# prefill, quadratic in L (attention's L² pairs, masks). Batch 1 may take another path than larger
+# batches (a squeeze that copies, a kernel for one sequence), so it is its own family: runs at B = 1
+# and at B in {2, 3}, each at three small contexts, determine the coefficients exactly. Each family is
+# checked op by op against a run it was not fitted on (the user's own (B, L), and one more), and the
+# grid is evaluated only when every op agrees. Expert weights (mixtures of experts) are not
+# polynomial in the tokens: their bytes are taken out before the fit and put back per point.
+
+_FIT_CONTEXTS = (16, 32, 48)
+_FIELDS = ("flops", "elem_ops", "read_bytes", "write_bytes", "weight_bytes")
+
+
+def _family(batch: int) -> tuple[int, ...]:
+    """The batches a point's fit is made from."""
+    return (1,) if batch == 1 else (2, 3)
+
+
+def _basis(batch: int, context: int, quadratic: bool, single: bool) -> tuple[int, ...]:
+    terms = (1, context) if single else (1, batch, context, batch * context)
+    if not quadratic:
+        return terms
+    return terms + ((context * context,) if single else (context * context, batch * context * context))
+
+
+def _weights(points: Sequence[tuple[int, int]], at: tuple[int, int], quadratic: bool) -> list[Fraction]:
+    """w with f(at) = Σ w_i f(points_i) for every f in the span of the basis: basis(at) · A⁻¹."""
+    single = len({b for b, _ in points}) == 1
+    a = [[Fraction(v) for v in _basis(b, c, quadratic, single)] for b, c in points]
+    n = len(a)
+    inv = [[Fraction(int(i == j)) for j in range(n)] for i in range(n)]
+    for col in range(n):  # Gauss-Jordan, exact
+        pivot = next(r for r in range(col, n) if a[r][col] != 0)
+        a[col], a[pivot], inv[col], inv[pivot] = a[pivot], a[col], inv[pivot], inv[col]
+        scale = a[col][col]
+        a[col] = [v / scale for v in a[col]]
+        inv[col] = [v / scale for v in inv[col]]
+        for r in range(n):
+            if r != col and a[r][col] != 0:
+                factor = a[r][col]
+                a[r] = [x - factor * y for x, y in zip(a[r], a[col])]
+                inv[r] = [x - factor * y for x, y in zip(inv[r], inv[col])]
+    target = _basis(*at, quadratic, single)
+    # f(at) = basis(at)·coef with coef = A⁻¹·f(points): w_j = Σ_i basis_i(at)·A⁻¹[i][j]
+    return [sum(Fraction(target[i]) * inv[i][j] for i in range(n)) for j in range(n)]
+
+
+def _op_rows(costs: "_StepCosts") -> list[tuple]:
+    """Per op: (op, category, dtype, fields with the experts' bytes taken out, expert attrs or None)."""
+    rows = []
+    for cost, dtype in costs.ops:
+        experts = cost.attrs if "expert_bytes_read" in cost.attrs else None
+        out = experts["expert_bytes_read"] if experts else 0
+        values = (cost.flops, cost.elem_ops, cost.read_bytes - out, cost.write_bytes, cost.weight_bytes - out)
+        rows.append((cost.op, cost.category, dtype, values, experts))
+    return rows
+
+
+def _expert_bytes(attrs: dict, tokens: int) -> int:
+    """``expert_reads``'s expected bytes for ``tokens`` tokens routed as ``attrs`` says."""
+    e, k = attrs["experts"], attrs["experts_per_token"]
+    per_expert = attrs["expert_bytes_worst_case"] // max(attrs["worst_case_experts"], 1)
+    return round(e * (1 - (1 - min(k, e) / e) ** tokens) * per_expert) if e else 0
+
+
+def _evaluate(runs: Sequence[list[tuple]], weights: Sequence[Fraction], tokens_per_row: int) -> list[NodeReport] | None:
+    """The ops at a point: Σ w_i · fields of run i per op (exact), experts' bytes put back for
+    ``tokens_per_row`` routed tokens; None when the runs' ops do not line up."""
+    first = runs[0]
+    if any(len(r) != len(first) or any(a[0] != b[0] for a, b in zip(r, first)) for r in runs[1:]):
+        return None
+    nodes = []
+    for i, (op, category, dtype, _, experts) in enumerate(first):
+        values = []
+        for f in range(len(_FIELDS)):
+            v = sum(w * r[i][3][f] for w, r in zip(weights, runs))
+            if v.denominator != 1:
+                return None
+            values.append(int(v))
+        flops, elem, read, write, weight = values
+        if experts is not None:
+            extra = _expert_bytes(experts, tokens_per_row)
+            read, weight = read + extra, weight + extra
+        nodes.append(NodeReport(name=op, op=op, module="", module_type="", category=category, flops=flops,
+                                elem_ops=elem, mac_bytes=read + write, read_bytes=read, write_bytes=write,
+                                weight_bytes=weight, params=0, out_shape=None, dtype=dtype,
+                                aten_ops=(op,) if category != "view" else ()))
+    return nodes
+
+
+def _same(nodes: Sequence[NodeReport], costs: "_StepCosts") -> bool:
+    """Do the evaluated ops equal a run's, field by field?"""
+    return len(nodes) == len(costs.ops) and all(
+        (n.op, n.flops, n.elem_ops, n.read_bytes, n.write_bytes, n.weight_bytes)
+        == (c.op, c.flops, c.elem_ops, c.read_bytes, c.write_bytes, c.weight_bytes)
+        for n, (c, _) in zip(nodes, costs.ops))
+
+
+def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec,
+               dtype: torch.dtype | None, profile: DeviceProfile, checked: _Run, batch: int, context: int,
+               cells: Sequence[dict]) -> dict:
+    """Predicted time to the first token (the prefill of L tokens at batch B), decode ms per step
+    and tokens/s at every (B, L) of ``cells``, from small runs fitted per op (see above) and
+    checked op by op against ``checked``, the run at the user's (``batch``, ``context``), and one
+    more run in the other batch family."""
+    new = spec.shape[1]
+    runs: dict[tuple[int, int], _Run] = {}
+
+    def run(b: int, c: int) -> _Run:
+        if (b, c) not in runs:
+            runs[b, c] = checked if (b, c) == (batch, context) else _run(model, fake_mode, weight_keys, spec, b, c,
+                                                                        dtype)
+        return runs[b, c]
+
+    def at(b: int, c: int) -> tuple[list | None, list | None]:
+        points = [(f, x) for f in _family(b) for x in _FIT_CONTEXTS]
+        step_points = [p for p in points if p[1] in _FIT_CONTEXTS[:2]]
+        prefill = _evaluate([_op_rows(run(*p).prefill) for p in points], _weights(points, (b, c), True), b * c)
+        step = _evaluate([_op_rows(run(*p).step) for p in step_points], _weights(step_points, (b, c), False), b * new)
+        return prefill, step
+
+    other = (4, 64) if batch == 1 else (1, 64)
+    for b, c, against in ((batch, context, checked), (*other, None)):
+        against = against or run(b, c)
+        prefill, step = at(b, c)
+        if prefill is None or step is None or not _same(prefill, against.prefill) or not _same(step, against.step):
+            return {"cells": [], "why": (f"the ops of the prefill or the step are not polynomial in batch and "
+                                         f"context (checked at {b} x {c:,}): a sliding window, a cache that "
+                                         "changes layout, or a path that depends on the length")}
+    out, limit = [], max_positions(model)
+    for cell in cells:
+        if limit is not None and cell["context"] + new > limit[0]:
+            continue  # past the model's positions: it cannot run there
+        prefill, step = at(cell["batch"], cell["context"])
+        if prefill is None or step is None:
+            return {"cells": [], "why": "the fitted ops are not whole numbers at the grid's points"}
+        ttft = sum(predict_node(n, profile)[0] for n in prefill)
+        ms = sum(predict_node(n, profile)[0] for n in step)
+        out.append({"batch": cell["batch"], "context": cell["context"], "ttft_ms": ttft, "decode_ms": ms,
+                    "tokens_per_s": cell["batch"] * new / ms * 1e3 if ms else None})
+    return {"cells": out, "profile": profile.name, "checked_at": [[batch, context], list(other)],
+            "runs": len(runs), **({"positions": limit[0]} if limit else {})}
 
 
 GRID_BATCHES = (1, 8, 32, 128)

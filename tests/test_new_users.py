@@ -366,6 +366,9 @@ def test_decode_step_with_a_kv_cache_by_hand(capsys):
         assert cell["fits"] == (cell["bytes"] <= 24 << 30)
     assert main(["zoo:resnet18", "--decode", "16"]) == 2
     assert "--decode takes one input of token ids" in capsys.readouterr().err
+    assert main(["zoo:llama_tiny", "--input", "1,1:int64", "--decode", "5000"]) == 2
+    err = capsys.readouterr().err
+    assert "at most 4,096 positions (max_seq_len)" in err and "--decode 4095" in err and len(err.splitlines()) == 1
 
 
 def test_a_cache_re_expanded_every_step_is_named_with_both_numbers(capsys):
@@ -392,3 +395,28 @@ def test_a_cache_re_expanded_every_step_is_named_with_both_numbers(capsys):
 def _line_of(text: str) -> int:
     with open(MODELS) as fh:
         return next(i for i, line in enumerate(fh, 1) if text in line)
+
+
+def test_speed_grid_is_exact_where_it_was_not_fitted():
+    """--decode with a named GPU: time to first token, decode ms and tokens/s over batch x context,
+    fitted per op from small runs; a point the fit never saw, run on its own, predicts the same to
+    the last bit. A cache that stops growing (a window) is not polynomial: no grid, and why."""
+    from archscan.decode import decode_step
+    from archscan.loading import parse_input_spec, resolve_target
+    from archscan.measure import datasheet_profile
+
+    h100 = datasheet_profile("h100")
+    llama = resolve_target("zoo:llama_tiny")
+    speed = decode_step(llama, [parse_input_spec("1,1:int64")], 100, profile=h100, grid=True)["kv_cache"]["speed"]
+    # the zoo's Llama-tiny takes 4,096 positions (its RoPE tables): the 8k..128k contexts are left out
+    assert speed["positions"] == 4096 and "why" not in speed
+    assert [(c["batch"], c["context"]) for c in speed["cells"]] == [(b, 2048) for b in (1, 8, 32, 128)]
+    for batch, context in ((1, 2048), (8, 2048), (128, 2048)):
+        alone = decode_step(llama, [parse_input_spec(f"{batch},1:int64")], context, profile=h100)["phases"]
+        (cell,) = [c for c in speed["cells"] if (c["batch"], c["context"]) == (batch, context)]
+        assert cell["decode_ms"] == alone["decode"]["predicted_ms"]
+        assert cell["ttft_ms"] == alone["prefill"]["predicted_ms"]
+        assert cell["tokens_per_s"] == batch / cell["decode_ms"] * 1e3
+    windowed = decode_step(resolve_target(f"{MODELS}:LatentCacheDecoder"), [parse_input_spec("1,1:int64")], 100,
+                           {"window": 24}, profile=h100, grid=True)["kv_cache"]["speed"]
+    assert windowed["cells"] == [] and "not polynomial" in windowed["why"]

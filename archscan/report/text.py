@@ -172,6 +172,14 @@ def decode_lines(report: Report) -> list[str]:
                           for g in grid if g["batch"] in (1, 32) and g["context"] in (8192, 131072))
         lines.append(f"kv grid    weights {fmt_bytes(kv['weights_bytes'])} + KV, batch x context: {cells}; "
                      "--json lists all")
+    speed = kv.get("speed")
+    if speed and speed["cells"]:
+        cells = ", ".join(f"{g['batch']}x{g['context'] // 1024}k {g['tokens_per_s']:,.0f} tok/s "
+                          f"(first token {g['ttft_ms']:,.0f} ms)"
+                          for g in speed["cells"] if g["batch"] in (1, 32) and g["context"] in (8192, 131072))
+        lines.append(f"speed      on {speed['profile']}, batch x context: {cells}; --json lists all")
+    elif speed:
+        lines.append(f"speed      no grid: {speed['why']}")
     return lines
 
 

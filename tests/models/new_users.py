@@ -257,9 +257,9 @@ class LatentCacheDecoder(nn.Module):
     """Caches one compressed latent per token and re-expands all of it every step, as Hugging Face's
     DeepSeek-V3 attention is written (serving kernels keep the latent and fold ``up`` away)."""
 
-    def __init__(self, vocab=100, dim=32, latent=8, heads=2, head_dim=16):
+    def __init__(self, vocab=100, dim=32, latent=8, heads=2, head_dim=16, window=None):
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.window = heads, head_dim, window  # window: keep the last tokens only
         self.embed = nn.Embedding(vocab, dim)
         self.down = nn.Linear(dim, latent, bias=False)
         self.up = nn.Linear(latent, heads * 2 * head_dim, bias=False)
@@ -272,6 +272,8 @@ class LatentCacheDecoder(nn.Module):
         latent = self.down(x)
         if past_key_values is not None:
             latent = torch.cat([past_key_values, latent], dim=1)
+        if self.window is not None:
+            latent = latent[:, -self.window:]
         kv = self.up(latent).view(b, latent.shape[1], self.heads, 2 * self.head_dim).transpose(1, 2)
         k, v = kv.split(self.head_dim, dim=-1)
         q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
