@@ -32,7 +32,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
          recommend: bool = True, train: TrainOptions | bool | None = None,
-         memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None) -> Report:
+         memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None,
+         decode_on: Sequence[DeviceProfile] = ()) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Args:
@@ -59,7 +60,10 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             ``archscan.memory.budget``).
         decode: the context length L of a KV cache: ``inputs`` are then the new tokens of one decode
             step after L cached ones (``archscan.decode``): ``report.phases`` (prefill of L tokens,
-            the decode step) and ``report.kv_cache``, predicted on ``profile`` when there is one.
+            the decode step) and ``report.kv_cache``, predicted on ``profile`` when there is one;
+            with a datasheet profile (a named GPU), also over a batch × context grid.
+        decode_on: more ``DeviceProfile``s the decode step is predicted on
+            (``report.phases["decode"]["on"]``; ``archscan compare --device-profile h100,h200``).
         what_ifs: with ``train``: the step re-analysed with one change each (bf16 autocast, bf16
             parameters, each optimizer implementation, ``zero_grad(set_to_none=False)``, a frozen
             half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
@@ -90,7 +94,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     try:
         with seeded_rng():
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
-                           recommend, train, budget, what_ifs, decode)
+                           recommend, train, budget, what_ifs, decode, decode_on)
             return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
@@ -198,7 +202,8 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
-          train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None) -> Report:
+          train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None,
+          decode_on: Sequence[DeviceProfile] = ()) -> Report:
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -225,7 +230,7 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
 
         named = profile is not None and profile.created.startswith("datasheet")  # a named GPU: its speed grid
         llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None,
-                          grid=named)
+                          grid=named, others=decode_on)
         report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report

@@ -355,6 +355,8 @@ def compare_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON (schema archscan.compare/1)")] = False,
     report: Annotated[Optional[str], typer.Option("--report", help="also write a self-contained HTML report here")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
+    decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens after a KV cache of this many tokens: KV bytes per token and at 32k, the step's bytes, tokens/s per --device-profile")] = None,
+    device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="named GPUs to predict on from their datasheets, comma-separated (h100,h200); the first predicts every column")] = None,
 ) -> None:
     """Compare models side by side: params, FLOPs, MAC, latency, guideline findings, top recommendation."""
     from .compare import SORT_KEYS, jobs
@@ -371,8 +373,14 @@ def compare_cmd(
 
     options = MeasureOptions(device=device, threads=threads)
     where = check_options(options)[0] if device is not None or measure else None
-    profile = None
-    if not measure and (where is not None or threads):
+    profile, others = None, []
+    if device_profile is not None:
+        from .measure import datasheet_profile
+
+        if measure or device is not None or threads:
+            raise ArchscanError("--device-profile predicts without the device", hint="drop --measure, --device and --threads")
+        profile, *others = [datasheet_profile(name.strip()) for name in device_profile.split(",") if name.strip()]
+    elif not measure and (where is not None or threads):
         profile = cached_profile(where or resolve_device(None), threads)[0] or False
     with _bar(len(planned), "comparing") as advance, _model_output(as_json):
         started = []
@@ -382,7 +390,7 @@ def compare_cmd(
             started.append(model)
 
         result = compare(models, sets, batches, measure=options if measure else None, profile=profile,
-                         baseline=baseline, sort=sort, progress=progress)
+                         baseline=baseline, sort=sort, progress=progress, decode=decode, decode_on=others)
     data = result.to_json()
     _write_reports(report, markdown, data, result.reports)
     if as_json:

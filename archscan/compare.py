@@ -137,6 +137,12 @@ def row(report, job: Job) -> dict:
            "findings": _rule_counts(report)}
     if report.memory:
         out["peak_bytes"] = report.memory["peak_bytes"]  # the inference forward's peak (archscan.memory)
+    if report.kv_cache:  # --decode: the cache and one decode step (archscan.decode)
+        decode, kv = report.phases["decode"], report.kv_cache
+        out.update(kv_bytes_per_token=kv["bytes_per_token"], kv_bytes_32k=kv["bytes_per_token"] * 32768 * kv["batch"],
+                   decode_bytes=decode["mac_bytes"], decode_flops=decode["flops"],
+                   tokens_per_s={name: on["tokens_per_s"] for name, on in decode.get("on", {}).items()}
+                   or ({decode["profile"]: decode["tokens_per_s"]} if decode.get("profile") else {}))
     if report.training_step:
         out["train_peak_bytes"] = report.training_step["memory"]["peak_bytes"]
     if latency.get("predicted_ms"):
@@ -209,7 +215,7 @@ def sort_rows(rows: list[dict], key: str | None) -> None:
 def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequence[int] = (), *,
             analyse: Callable[..., Any], measure=None, profile=None, baseline: str | None = None,
             sort: str | None = None, progress: Callable[[str, str], None] | None = None,
-            debug: bool = False) -> Comparison:
+            debug: bool = False, decode: int | None = None, decode_on: Sequence[Any] = ()) -> Comparison:
     """Analyse every model (``jobs``) and summarise each in a row.
 
     Args:
@@ -226,6 +232,9 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
         sort: a ``SORT_KEYS`` column.
         progress: called with (model, phase) as the work goes.
         debug: raise a model's error instead of making it a row.
+        decode, decode_on: one decode step after a cache of ``decode`` tokens (the inputs are the
+            new tokens), predicted on ``profile`` and each of ``decode_on``: the rows gain KV bytes
+            per token and at 32k tokens, the step's bytes and tokens/s per GPU.
     """
     from .loading import resolve_target
 
@@ -245,7 +254,8 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
                                     hint=f"give it one: {job.target}@1,3,224,224 or --input 1,3,224,224")
             if job.batch is not None:
                 specs = with_batch(specs, job.batch)
-            report = analyse(target, specs, name=job.label, measure=measure, profile=profile)
+            extra = {"decode": decode, "decode_on": tuple(decode_on)} if decode is not None else {}
+            report = analyse(target, specs, name=job.label, measure=measure, profile=profile, **extra)
         except (ArchscanError, MemoryError, RuntimeError) as exc:
             if debug:
                 raise

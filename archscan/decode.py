@@ -124,11 +124,13 @@ def check_decode(specs: Sequence[InputSpec], context: int) -> None:
 
 def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, kwargs: dict | None = None,
                 dtype: torch.dtype | None = None, profile: DeviceProfile | None = None,
-                model: torch.nn.Module | None = None, grid: bool = False) -> dict:
+                model: torch.nn.Module | None = None, grid: bool = False,
+                others: Sequence[DeviceProfile] = ()) -> dict:
     """The ``phases.decode`` and ``kv_cache`` sections: one step of ``specs`` (the new tokens)
     after a cache of ``context`` tokens. ``model``: the scan's model on fake tensors, reused (its
     modes are left as found); None builds one. ``grid`` (with a profile): predicted time to the
-    first token, decode ms and tokens/s over the batch × context grid (``kv_cache.speed``)."""
+    first token, decode ms and tokens/s over the batch × context grid (``kv_cache.speed``).
+    ``others``: more profiles the step is predicted on (``phases.decode.on``, beside ``profile``'s)."""
     check_decode(specs, context)
     fake_mode = detect_fake_mode(list(model.parameters())) if model is not None else None
     if fake_mode is None:
@@ -141,7 +143,7 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
                             hint=f"--decode {positions[0] - specs[0].shape[1]}")
     modes = {m: m.training for m in model.modules()}
     try:
-        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid)
+        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others)
     finally:
         for m, training in modes.items():
             m.training = training
@@ -204,7 +206,8 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
 
 
 def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
-            dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False) -> dict:
+            dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False,
+            others: Sequence[DeviceProfile] = ()) -> dict:
     batch = specs[0].shape[0]
     weight_keys = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
     run = _run(model, fake_mode, weight_keys, specs[0], batch, context, dtype)
@@ -213,6 +216,9 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
     prefill_phase = _phase(run.prefill, batch * context, 0, 0, kv_bytes, profile)
     decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
                                                   context, run.written, profile)}
+    if others:  # the same step on more GPUs
+        decode_phase["on"] = {p.name: _predicted(costs, decode_phase["tokens"], p)
+                              for p in ([profile] if profile is not None else []) + list(others)}
     if costs.context_gemms:  # weights multiplied over every cached token, each step (a re-expanded cache)
         decode_phase["context_gemms"] = {"flops": sum(f for f, _, _ in costs.context_gemms),
                                          "ops": len(costs.context_gemms), "rows": costs.rows,
@@ -407,9 +413,14 @@ def _phase(costs: _StepCosts, tokens: int, kv_read: int, context: int, kv_writte
              "mac_bytes": sum(c.mac_bytes for c in ops), "weight_bytes": sum(c.weight_bytes for c in ops),
              "kv_read_bytes": kv_read, "kv_written_bytes": kv_written}
     if profile is not None:
-        ms = sum(predict_node(_as_node(c, dt), profile)[0] for c, dt in costs.ops)
-        phase.update(predicted_ms=ms, tokens_per_s=tokens / ms * 1e3 if ms else None, profile=profile.name)
+        phase.update(**_predicted(costs, tokens, profile), profile=profile.name)
     return phase
+
+
+def _predicted(costs: _StepCosts, tokens: int, profile: DeviceProfile) -> dict:
+    """A phase's roofline time on ``profile`` (each op's, summed) and its tokens/s."""
+    ms = sum(predict_node(_as_node(c, dt), profile)[0] for c, dt in costs.ops)
+    return {"predicted_ms": ms, "tokens_per_s": tokens / ms * 1e3 if ms else None}
 
 
 def _as_node(cost, dtype: str | None) -> NodeReport:

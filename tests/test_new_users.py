@@ -420,3 +420,23 @@ def test_speed_grid_is_exact_where_it_was_not_fitted():
     windowed = decode_step(resolve_target(f"{MODELS}:LatentCacheDecoder"), [parse_input_spec("1,1:int64")], 100,
                            {"window": 24}, profile=h100, grid=True)["kv_cache"]["speed"]
     assert windowed["cells"] == [] and "not polynomial" in windowed["why"]
+
+
+def test_compare_attention_variants_by_their_decode_step(capsys):
+    """compare --decode L --device-profile A,B: KV bytes per token and at 32k, the step's bytes and
+    tokens/s on two named GPUs, side by side; MHA, GQA and MQA of one config differ in the cache."""
+    names = [f"{MODELS}:llama_{v}" for v in ("mha", "gqa", "mqa")]
+    assert main(["compare", *names, "--input", "1,1:int64", "--decode", "256", "--device-profile", "h100,l4",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    per_token = [r["kv_bytes_per_token"] for r in rows]
+    assert per_token == [2 * 2 * kv * 16 * 4 for kv in (4, 2, 1)]  # layers x (K, V) x heads x 16 x float32
+    assert [r["kv_bytes_32k"] for r in rows] == [p * 32768 for p in per_token]
+    for r in rows:
+        assert set(r["tokens_per_s"]) == {"h100 (datasheet)", "l4 (datasheet)"}
+        assert r["tokens_per_s"]["h100 (datasheet)"] > r["tokens_per_s"]["l4 (datasheet)"] > 0
+        alone = archscan.scan(r["target"], "1,1:int64", decode=256, profile=archscan.measure.datasheet_profile("l4"),
+                              recommend=False, rules=[]).phases["decode"]
+        assert r["decode_bytes"] == alone["mac_bytes"] and r["tokens_per_s"]["l4 (datasheet)"] == alone["tokens_per_s"]
+    assert main(["compare", *names[:1], "--input", "1,1:int64", "--decode", "256", "--device-profile", "h100",
+                 "--measure"]) == 2

@@ -26,6 +26,9 @@ def compare_text(comparison: dict, width: int = 100) -> str:
     headers += ["pred ms"] if predicted else []
     headers += ["ms", "per s"] if timed else []
     headers += ["FLOPs/ms"] if timed or predicted else []
+    gpus = list(dict.fromkeys(g for r in rows for g in r.get("tokens_per_s", {})))
+    decoding = any("kv_bytes_per_token" in r for r in rows)
+    headers += ["KV/token", "KV@32k", "step bytes"] + [f"tok/s {g.split(' (')[0]}" for g in gpus] if decoding else []
     headers += ["elem MAC", "frags", *GUIDELINES, "other", "x FLOPs", "x MAC"]
     headers += [f"x {'ms' if timed else 'pred'}"] if time_key else []
     table = []
@@ -39,6 +42,10 @@ def compare_text(comparison: dict, width: int = 100) -> str:
         cells += [_ms(r.get("predicted_ms"))] if predicted else []
         cells += [_ms(r.get("latency_ms")), _ms(r.get("throughput"))] if timed else []
         cells += [fmt_count(r.get("flops_per_ms"))] if timed or predicted else []
+        if decoding:
+            cells += ([fmt_bytes(r["kv_bytes_per_token"]), fmt_bytes(r["kv_bytes_32k"]), fmt_bytes(r["decode_bytes"])]
+                      if "kv_bytes_per_token" in r else ["-"] * 3)
+            cells += [f"{r['tokens_per_s'][g]:,.0f}" if r.get("tokens_per_s", {}).get(g) else "-" for g in gpus]
         other = sum(v for k, v in r["findings"].items() if k not in GUIDELINES)
         cells += [f"{100 * r['elementwise_mac_share']:.0f}%", str(r["fragments"]),
                   *(str(r["findings"].get(g, 0)) for g in GUIDELINES), str(other),

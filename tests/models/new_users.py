@@ -279,3 +279,22 @@ class LatentCacheDecoder(nn.Module):
         q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         y = self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, -1))
         return (y, latent) if use_cache else y
+
+
+def _llama(kv_heads: int) -> nn.Module:
+    from archscan.zoo.llama import Llama
+
+    return Llama(vocab_size=1000, dim=64, n_layers=2, n_heads=4, n_kv_heads=kv_heads, max_seq_len=512)
+
+
+def llama_mha() -> nn.Module:
+    """Attention variants of one config, for compare --decode: 4 KV heads of 4 query heads."""
+    return _llama(4)
+
+
+def llama_gqa() -> nn.Module:
+    return _llama(2)
+
+
+def llama_mqa() -> nn.Module:
+    return _llama(1)
