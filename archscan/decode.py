@@ -308,14 +308,16 @@ def _evaluate(runs: Sequence[list[tuple]], weights: Sequence[Fraction], tokens_p
     first = runs[0]
     if any(len(r) != len(first) or any(a[0] != b[0] for a, b in zip(r, first)) for r in runs[1:]):
         return None
+    denominator = math.lcm(*(w.denominator for w in weights))  # integer arithmetic from here: exact, fast
+    scaled = [int(w * denominator) for w in weights]
     nodes = []
     for i, (op, category, dtype, _, experts) in enumerate(first):
         values = []
         for f in range(len(_FIELDS)):
-            v = sum(w * r[i][3][f] for w, r in zip(weights, runs))
-            if v.denominator != 1:
+            v, rest = divmod(sum(w * r[i][3][f] for w, r in zip(scaled, runs)), denominator)
+            if rest:
                 return None
-            values.append(int(v))
+            values.append(v)
         flops, elem, read, write, weight = values
         if experts is not None:
             extra = _expert_bytes(experts, tokens_per_row)

@@ -174,13 +174,20 @@ def decode_lines(report: Report) -> list[str]:
                      "--json lists all")
     speed = kv.get("speed")
     if speed and speed["cells"]:
-        cells = ", ".join(f"{g['batch']}x{g['context'] // 1024}k {g['tokens_per_s']:,.0f} tok/s "
-                          f"(first token {g['ttft_ms']:,.0f} ms)"
-                          for g in speed["cells"] if g["batch"] in (1, 32) and g["context"] in (8192, 131072))
+        contexts = sorted({g["context"] for g in speed["cells"]})
+        shown = {contexts[0], contexts[-1]}  # the shortest and the longest the model takes
+        cells = ", ".join(f"{g['batch']}x{g['context'] // 1024}k {_rate(g['tokens_per_s'])} tok/s "
+                          f"(first token {_rate(g['ttft_ms'])} ms)"
+                          for g in speed["cells"] if g["batch"] in (1, 32) and g["context"] in shown)
         lines.append(f"speed      on {speed['profile']}, batch x context: {cells}; --json lists all")
     elif speed:
         lines.append(f"speed      no grid: {speed['why']}")
     return lines
+
+
+def _rate(value: float | None) -> str:
+    """A rate or a time to three significant digits, whole numbers with thousands separators."""
+    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _apart(a: int, b: int) -> tuple[str, str]:
