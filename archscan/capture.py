@@ -276,11 +276,10 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = ()) -> Captured:
     """Capture and cost a model (see module docstring).
 
-    ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded: it tells
-    whether the model needs tensor values. If it does not, export is tried and the recording is
-    the fallback; if it does, export is skipped (it would fail the same way, slower) and the model
-    runs once for real, after a check that its weights fit in memory. ``eager`` records on fake
-    tensors too, and runs for real only when the model needs values.
+    ``auto`` tries fx, then (when fx fails) export, then (when export fails) one forward pass on
+    fake tensors, recorded. When that pass needs tensor values, the model runs once for real,
+    after a check that its weights fit in memory. ``eager`` records on fake tensors too, and runs
+    for real only when the model needs values.
 
     Args:
         target: the resolved model.

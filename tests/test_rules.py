@@ -151,7 +151,8 @@ def test_no_grad():
 
 def test_every_rule_has_a_test():
     tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "host-sync", "host-tensor", "unused-module", "inplace",
-              "low-precision", "channel-align", "channels-last", "no-grad", "batch-size", "input-transfer"}
+              "low-precision", "channel-align", "channels-last", "no-grad", "batch-size", "input-transfer",
+              "decode-context"}
     assert set(RULES) == tested
 
 
@@ -410,3 +411,22 @@ def test_g4_sees_element_wise_work_inside_a_whole_torch_nn_leaf():
     fx = archscan.scan(Dec(), [(2, 10, 32), (2, 7, 32)], capture_method="fx", rules=[])
     assert {"norm", "elementwise"} <= set(fx.node("layer").attrs["mac_by_category"])
     assert shares["fx"] == pytest.approx(shares["eager"], abs=0.02)
+
+
+def test_decode_context_reads_the_decode_step():
+    """decode-context: the step's GEMMs over every cached token against the rest of the step (the
+    run behind it: tests/test_new_users.py); quiet without --decode or without such GEMMs."""
+    import dataclasses
+
+    report = archscan.scan(nn.Linear(4, 4), [(2, 4)], rules=[])
+    assert run(report, "decode-context") == ()
+    step = {"context": 2048, "tokens": 1, "flops": 2_100 + 41, "mac_bytes": 0}
+    assert run(dataclasses.replace(report, phases={"decode": step}), "decode-context") == ()
+    gemms = {"flops": 2_100, "ops": 61, "rows": 2049, "at": ["m.py:416"], "modules": ["a.kv_b_proj"] * 61}
+    (f,) = run(dataclasses.replace(report, phases={"decode": {**step, "context_gemms": gemms}}), "decode-context")
+    assert f.severity == "warning" and f.module == "a.kv_b_proj (+60)" and f.source == "m.py:416"
+    assert f.evidence["rest_flops"] == 41 and "2,049 cached tokens" in f.message and "(51.2x)" in f.message
+    small = {**gemms, "flops": 40}
+    (f,) = run(dataclasses.replace(report, phases={"decode": {**step, "flops": 81, "context_gemms": small}}),
+               "decode-context")
+    assert f.severity == "info"
