@@ -4,8 +4,11 @@ The model's own code runs it, through the protocol Hugging Face models follow (a
 Llama): ``model(prefill, use_cache=True)`` returns ``(logits, past_key_values)`` (or an object
 with ``.past_key_values``); ``model(tokens, past_key_values=cache, use_cache=True)`` runs the
 next tokens after the cache's L. The prefill of L tokens makes the cache (on fake tensors,
-nothing computed, not counted); the step given by ``--input`` (usually ``1,1:int64``) is
-counted op by op, as the scan counts a forward.
+nothing computed) and is counted as the prefill phase; the step given by ``--input`` (usually
+``1,1:int64``) is counted op by op, as the scan counts a forward. Weight GEMMs the step runs
+over every cached token (a compressed cache re-expanded each step, as Hugging Face's
+DeepSeek-V3 is written) are counted apart (``context_gemms``). With a named GPU, ``speed_grid``
+predicts the prefill and the step over a batch × context grid from a handful of small runs.
 
 The KV cache is what the traced cache holds, not a formula per architecture: its tensors'
 bytes over the L tokens give ``bytes_per_token``, so MHA, GQA, MQA, MLA and quantized caches come
