@@ -235,6 +235,13 @@ def test_prune_passes_channels_through_ops_that_do_not_move_them(tmp_path):
     result = prune(target, specs, group_ids=[prelu.id], ratio=0.5, path=str(tmp_path / "p.pt2"))
     # c2: 32 -> 16 filters (3x3x32 + bias), PReLU 32 -> 16, c3 reads 16 channels
     assert result.before["params"] - result.after["params"] == 16 * (32 * 9 + 1) + 16 + 32 * 16 * 9
+    # a global pool's in-place restride on a channels-last map keeps its channels where they were
+    target = resolve_target(f"{MODELS}:PooledChannelsLast")
+    grouping = analyse(target, specs)
+    assert not grouping.unknown_ops and [g.channels for g in grouping.groups if g.pinned is None] == [32, 64]
+    pooled = next(g for g in grouping.groups if g.channels == 64)
+    result = prune(target, specs, group_ids=[pooled.id], ratio=0.5, path=str(tmp_path / "q.pt2"))
+    assert result.before["params"] - result.after["params"] == 32 * (32 + 1) + 32 * 10  # conv2's half, head's inputs
 
 
 def test_packed_rnn_sync_is_where_lengths_go_to_the_host(capsys):

@@ -841,8 +841,21 @@ def _h_layer_norm(m: LabelMode, func, args, kwargs, out):
         m.set(o, None)
 
 
+def _h_as_strided(m, func, args, kwargs, out):
+    """``as_strided``/``as_strided_`` that keeps every element where it was (same sizes, same offset,
+    the same stride on every dim longer than 1: a pool's [N, C, 1, 1] result restrided to
+    channels-last) passes the labels; any other restride moves elements, and has no rule."""
+    x, size, stride = args[0], list(args[1]), list(args[2])
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    keeps = (list(x.shape) == size and offset in (None, x.storage_offset())
+             and all(s == t for n, s, t in zip(size, stride, x.stride()) if n > 1))
+    if not keeps:
+        raise _Unsupported("a restride that moves elements")
+    m._same(args, out)
+
 
 _HANDLERS = {
+    aten.as_strided_: _h_as_strided, aten.as_strided: _h_as_strided,
     aten.permute: _h_permute, aten.transpose: _h_transpose, aten.t: _h_transpose, aten.numpy_T: _h_transpose,
     aten.expand: _h_expand, aten.unsqueeze: _h_reshape, aten.squeeze: _h_reshape, aten.flatten: _h_reshape,
     aten.unflatten: _h_reshape, aten.slice: _h_slice, aten.select: _h_select, aten.split: _h_split,

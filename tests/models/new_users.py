@@ -203,6 +203,20 @@ class Activations(nn.Module):
         return self.head(torch.roll(self.c4(x), shifts=(2, 2), dims=(2, 3)))
 
 
+class PooledChannelsLast(nn.Module):
+    """A global pool over a channels-last map (a permuted layer norm leaves it so, as ConvNeXt's
+    stages do): the pool's [N, C, 1, 1] result is restrided in place (aten.as_strided_)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 32, 3, padding=1), nn.LayerNorm(32)
+        self.conv2, self.head = nn.Conv2d(32, 64, 1), nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.head(F.adaptive_avg_pool2d(self.conv2(x), 1).flatten(1))
+
+
 class ChannelsLastBlock(nn.Module):
     """A block on [N, H, W, C] maps (timm's sequencer2d): an MLP over the last dim."""
 
