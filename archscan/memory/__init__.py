@@ -18,9 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import direct
 from ..building import global_hooks_set_aside, make_call, on_meta
-from ..frames import where
 from ..loading import InputSpec
-from ..recording import module_stack, python_stack, quiet, source_of
+from ..recording import module_stack, quiet, source_of, user_line
 from .tracker import CATEGORIES, MemoryTracker, Peak
 
 __all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "snapshot", "summary"]
@@ -57,7 +56,7 @@ def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dt
         if fake_mode is None:
             return None
         base, call = fake_mode, make_call(specs, dtype, fake_mode)
-    tracker = MemoryTracker(locate=model_line)
+    tracker = MemoryTracker(locate=user_line)
     tracker.register(*weights(model))
     tracker.register(call.tensors(), "inputs")
     hooks = module_hooks(model, tracker)
@@ -91,7 +90,7 @@ def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[st
             stack.append(path)
             tracker.where = path
             if path and path not in tracker.called_at:  # the root is called by whoever runs the model
-                tracker.called_at[path] = model_line()
+                tracker.called_at[path] = user_line()
         return hook
 
     def post(path):
@@ -108,15 +107,6 @@ def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[st
         handles.append(module.register_forward_pre_hook(pre(path)))
         handles.append(module.register_forward_hook(post(path)))
     return handles
-
-
-def model_line() -> str | None:
-    """'file.py:LINE' of the model code running now (the innermost user frame), or None."""
-    line = python_stack()
-    if not line:
-        return None
-    fname, _, rest = line.partition('", line ')
-    return where(fname.split('File "', 1)[1], int(rest.split(",", 1)[0]))
 
 
 def place(at: Any, source: str | None = None) -> dict:

@@ -36,8 +36,8 @@ from ..devices import short_of
 from ..errors import ArchscanError, CaptureError, DeviceError
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
-from ..recording import needs_values, output_tensors, quiet
-from . import model_line, module_hooks, snapshot, summary, weights
+from ..recording import needs_values, output_tensors, quiet, user_line
+from . import module_hooks, snapshot, summary, weights
 from .scratch import nbytes
 from .tracker import MemoryTracker
 
@@ -90,7 +90,7 @@ class _StepTracker(MemoryTracker):
     not two stacked: each mode a fake op passes through costs time on a 70B step)."""
 
     def __init__(self):
-        super().__init__(locate=model_line)
+        super().__init__(locate=user_line)
         self.rows: list[tuple] = []  # (phase, module, flops, mac_bytes, serials of the results, input share)
         self.forward_of: dict[int, str] = {}  # autograd node sequence number -> module path of the op that made it
         self.uncounted: dict[str, dict[str, int]] = {p: {} for p in (*PHASES, "recompute")}  # ops with no formula
