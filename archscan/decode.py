@@ -19,7 +19,6 @@ the whole cache each step).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -37,6 +36,7 @@ from .errors import ArchscanError, CaptureError
 from .frames import short
 from .loading import InputSpec, ModelTarget
 from .measure import DeviceProfile
+from .memory import module_hooks
 from .measure.predict import predict_node
 from .recording import output_tensors, quiet, user_line
 from .results import NodeReport
@@ -54,26 +54,7 @@ class _StepCosts(TorchDispatchMode):
         self.kv_read: dict[int, int] = {}
         self.from_cache = set(cache_keys)  # storages computed from the cache
         self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
-        self.modules: list[str] = []  # the modules running now, outermost first (``watch_modules``)
-
-    @contextlib.contextmanager
-    def watch_modules(self, model: torch.nn.Module):
-        """Keep ``modules`` while the model runs: global forward hooks, removed after."""
-        names = {id(m): name for name, m in model.named_modules()}
-
-        def enter(module, args) -> None:
-            self.modules.append(names.get(id(module), ""))
-
-        def leave(module, args, out) -> None:  # returns None: the output stays the module's
-            self.modules.pop()
-
-        push = torch.nn.modules.module.register_module_forward_pre_hook(enter)
-        pop = torch.nn.modules.module.register_module_forward_hook(leave)
-        try:
-            yield
-        finally:
-            push.remove()
-            pop.remove()
+        self.where, self.called_at = "", {}  # the module running now (``memory.module_hooks`` keeps them)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -92,7 +73,7 @@ class _StepCosts(TorchDispatchMode):
         if derived:
             self.from_cache.update(storage_key(t) for t in tensors_in(out))
             if cost.flops and cost.weight_bytes and any(self.rows in t.shape for t in derived):
-                self.context_gemms.append((cost.flops, user_line(), self.modules[-1] if self.modules else ""))
+                self.context_gemms.append((cost.flops, user_line(), self.where))
         return out
 
 
@@ -199,12 +180,16 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
     cached = output_tensors(cache)
     costs = _StepCosts(weight_keys, {storage_key(t) for t in cached}, rows=context + spec.shape[1])
+    hooks = module_hooks(model, costs)
     try:
-        with fake_mode, torch.no_grad(), quiet(), costs, costs.watch_modules(model):
+        with fake_mode, torch.no_grad(), quiet(), costs:
             output = model(*step.args, **step.kwargs, past_key_values=cache, use_cache=True)
     except Exception as exc:
         raise CaptureError(f"the decode step after {context} cached tokens did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
+    finally:
+        for hook in hooks:
+            hook.remove()
     return _Run(first, costs, cached, _storage_bytes(output_tensors(_cache_of(output))))
 
 

@@ -80,9 +80,12 @@ def weights(model: nn.Module) -> tuple[list[torch.Tensor], str, list[str]]:
     return [t for _, t in named], "params", [name.rpartition(".")[0] for name, _ in named]
 
 
-def module_hooks(model: nn.Module, tracker: MemoryTracker, on_exit: Callable[[str, Any], None] | None = None) -> list:
+def module_hooks(model: nn.Module, tracker: MemoryTracker | Any,
+                 on_exit: Callable[[str, Any], None] | None = None) -> list:
     """Forward hooks that tell the tracker which module runs (the innermost; its parent again
-    after it); ``on_exit(path, output)`` is called as each module returns."""
+    after it); ``on_exit(path, output)`` is called as each module returns. ``tracker``: anything
+    with ``where`` (the module path) and ``called_at`` (path -> the model line that first called
+    it), as a ``MemoryTracker`` has (``archscan.decode``'s step costs too)."""
     stack: list[str] = []
 
     def pre(path):
