@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .building import build_fake, make_call
-from .costs import cost_op, storage_key, tensors_in, topk_routing
+from .costs import cost_op, expected_experts, storage_key, tensors_in, topk_routing
 from .costs.kernels import run_op
 from .errors import ArchscanError, CaptureError
 from .frames import short
@@ -127,7 +127,7 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
                             hint=f"--decode {positions[0] - specs[0].shape[1]}")
     modes = {m: m.training for m in model.modules()}
     try:
-        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others)
+        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others, positions)
     finally:
         for m, training in modes.items():
             m.training = training
@@ -195,7 +195,7 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
 
 def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
             dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False,
-            others: Sequence[DeviceProfile] = ()) -> dict:
+            others: Sequence[DeviceProfile] = (), positions: tuple[int, str] | None = None) -> dict:
     batch = specs[0].shape[0]
     weight_keys = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
     run = _run(model, fake_mode, weight_keys, specs[0], batch, context, dtype)
@@ -219,7 +219,7 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
                 "tensors": len(cached), "weights_bytes": weights, "grid": cells}
     if grid and profile is not None:
         kv_cache["speed"] = speed_grid(model, fake_mode, weight_keys, specs[0], dtype, profile, run, batch,
-                                       context, cells)
+                                       context, cells, positions)
     return {"phases": {"prefill": prefill_phase, "decode": decode_phase}, "kv_cache": kv_cache}
 
 
@@ -285,9 +285,8 @@ def _op_rows(costs: "_StepCosts") -> list[tuple]:
 
 def _expert_bytes(attrs: dict, tokens: int) -> int:
     """``expert_reads``'s expected bytes for ``tokens`` tokens routed as ``attrs`` says."""
-    e, k = attrs["experts"], attrs["experts_per_token"]
     per_expert = attrs["expert_bytes_worst_case"] // max(attrs["worst_case_experts"], 1)
-    return round(e * (1 - (1 - min(k, e) / e) ** tokens) * per_expert) if e else 0
+    return round(expected_experts(attrs["experts"], attrs["experts_per_token"], tokens) * per_expert)
 
 
 def _evaluate(runs: Sequence[list[tuple]], weights: Sequence[Fraction], tokens_per_row: int) -> list[NodeReport] | None:
@@ -310,10 +309,7 @@ def _evaluate(runs: Sequence[list[tuple]], weights: Sequence[Fraction], tokens_p
         if experts is not None:
             extra = _expert_bytes(experts, tokens_per_row)
             read, weight = read + extra, weight + extra
-        nodes.append(NodeReport(name=op, op=op, module="", module_type="", category=category, flops=flops,
-                                elem_ops=elem, mac_bytes=read + write, read_bytes=read, write_bytes=write,
-                                weight_bytes=weight, params=0, out_shape=None, dtype=dtype,
-                                aten_ops=(op,) if category != "view" else ()))
+        nodes.append(_node(op, category, dtype, flops, elem, read, write, weight))
     return nodes
 
 
@@ -327,13 +323,15 @@ def _same(nodes: Sequence[NodeReport], costs: "_StepCosts") -> bool:
 
 def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec,
                dtype: torch.dtype | None, profile: DeviceProfile, checked: _Run, batch: int, context: int,
-               cells: Sequence[dict]) -> dict:
+               cells: Sequence[dict], limit: tuple[int, str] | None = None) -> dict:
     """Predicted time to the first token (the prefill of L tokens at batch B), decode ms per step
     and tokens/s at every (B, L) of ``cells``, from small runs fitted per op (see above) and
     checked op by op against ``checked``, the run at the user's (``batch``, ``context``), and one
-    more run in the other batch family."""
+    more run in the other batch family. ``limit``: the model's positions (``max_positions``);
+    contexts past them are left out."""
     new = spec.shape[1]
     runs: dict[tuple[int, int], _Run] = {}
+    rows: dict[tuple[int, int], tuple[list, list]] = {}  # each run's (prefill, step) op rows, made once
 
     def run(b: int, c: int) -> _Run:
         if (b, c) not in runs:
@@ -341,11 +339,16 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
                                                                         dtype)
         return runs[b, c]
 
+    def rows_of(b: int, c: int) -> tuple[list, list]:
+        if (b, c) not in rows:
+            rows[b, c] = (_op_rows(run(b, c).prefill), _op_rows(run(b, c).step))
+        return rows[b, c]
+
     def at(b: int, c: int) -> tuple[list | None, list | None]:
         points = [(f, x) for f in _family(b) for x in _FIT_CONTEXTS]
         step_points = [p for p in points if p[1] in _FIT_CONTEXTS[:2]]
-        prefill = _evaluate([_op_rows(run(*p).prefill) for p in points], _weights(points, (b, c), True), b * c)
-        step = _evaluate([_op_rows(run(*p).step) for p in step_points], _weights(step_points, (b, c), False), b * new)
+        prefill = _evaluate([rows_of(*p)[0] for p in points], _weights(points, (b, c), True), b * c)
+        step = _evaluate([rows_of(*p)[1] for p in step_points], _weights(step_points, (b, c), False), b * new)
         return prefill, step
 
     other = (4, 64) if batch == 1 else (1, 64)
@@ -356,7 +359,7 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
             return {"cells": [], "why": (f"the ops of the prefill or the step are not polynomial in batch and "
                                          f"context (checked at {b} x {c:,}): a sliding window, a cache that "
                                          "changes layout, or a path that depends on the length")}
-    out, limit = [], max_positions(model)
+    out = []
     for cell in cells:
         if limit is not None and cell["context"] + new > limit[0]:
             continue  # past the model's positions: it cannot run there
@@ -415,10 +418,16 @@ def _predicted(costs: _StepCosts, tokens: int, profile: DeviceProfile) -> dict:
 
 def _as_node(cost, dtype: str | None) -> NodeReport:
     """One op as a node the roofline predicts."""
-    return NodeReport(name=cost.op, op=cost.op, module="", module_type="", category=cost.category, flops=cost.flops,
-                      elem_ops=cost.elem_ops, mac_bytes=cost.mac_bytes, read_bytes=cost.read_bytes,
-                      write_bytes=cost.write_bytes, weight_bytes=cost.weight_bytes, params=0, out_shape=None,
-                      dtype=dtype, aten_ops=(cost.op,) if cost.category != "view" else ())
+    return _node(cost.op, cost.category, dtype, cost.flops, cost.elem_ops, cost.read_bytes, cost.write_bytes,
+                 cost.weight_bytes)
+
+
+def _node(op: str, category: str, dtype: str | None, flops: int, elem_ops: int, read: int, write: int,
+          weight: int) -> NodeReport:
+    """An op's costs as a node the roofline predicts (``predict_node``)."""
+    return NodeReport(name=op, op=op, module="", module_type="", category=category, flops=flops, elem_ops=elem_ops,
+                      mac_bytes=read + write, read_bytes=read, write_bytes=write, weight_bytes=weight, params=0,
+                      out_shape=None, dtype=dtype, aten_ops=(op,) if category != "view" else ())
 
 
 __all__ = ["check_decode", "decode_step"]

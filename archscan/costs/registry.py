@@ -597,11 +597,17 @@ def expert_reads(rows: torch.Tensor, experts: torch.Tensor, routing: tuple[int, 
     r, e = int(rows.shape[0]), int(experts.shape[0])
     tokens, k = routing if routing and routing[0] * routing[1] == r and routing[1] else (r, 1)
     per_expert = _nbytes(experts) // max(e, 1)
-    expected = e * (1 - (1 - min(k, e) / e) ** tokens) if e else 0.0
+    expected = expected_experts(e, k, tokens)
     return {"experts": e, "routed_rows": r, "tokens": tokens, "experts_per_token": k,
             "expected_experts": round(expected, 3), "worst_case_experts": min(e, r),
             "idle_expert_params": experts.numel() * (e - min(k, e)) // max(e, 1),  # not one token's k
             "expert_bytes_read": round(expected * per_expert), "expert_bytes_worst_case": min(e, r) * per_expert}
+
+
+def expected_experts(experts: int, per_token: int, tokens: int) -> float:
+    """Experts read by ``tokens`` tokens each picking ``per_token`` distinct ones uniformly (balanced
+    routing): E·(1 − (1 − k/E)^T)."""
+    return experts * (1 - (1 - min(per_token, experts) / experts) ** tokens) if experts else 0.0
 
 
 def topk_routing(func, out: Any) -> tuple[int, int] | None:
