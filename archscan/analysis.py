@@ -302,9 +302,9 @@ def _memory(captured: Captured, specs: Sequence[InputSpec], dtype) -> dict | Non
     """The inference forward's memory (``archscan.memory``), with the weights' and inputs' bytes:
     the model's own forward, run eagerly on the capture's model, else the captured graph's
     lifetimes (``basis`` says which); None after a real eager capture."""
-    found = forward_memory(captured.model, specs, dtype) if captured.fake else None
-    if found is None:  # the model's own forward could not run again: the captured graph's lifetimes
-        found = captured.observed.get(MemoryObserver.key)
+    found = captured.observed.get(MemoryObserver.key)
+    if captured.fake and (found is None or found["basis"] != "eager"):  # not yet the model's own forward
+        found = forward_memory(captured.model, specs, dtype) or found  # else the captured graph's lifetimes
     if found is None:
         return None
     return {**found, "weights_bytes": found["at_peak"]["params"],

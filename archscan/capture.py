@@ -1,16 +1,19 @@
 """Capture a model as a torch.fx graph whose nodes carry per-op costs.
 
-Three ways; the report names the one used:
+Three ways; the report names the one used, tried in this order:
 
 * ``fx``: ``torch.fx`` symbolic tracing (module-level graph, leaf modules kept whole).
-* ``export``: ``torch.export.export(strict=False)`` when the Python code defeats symbolic
-  tracing (e.g. shape-dependent control flow); aten-level graph with the module stack kept.
-  Outputs of any type (Hugging Face cache objects) are flattened to their tensors.
-* ``eager``: one forward pass under a ``TorchDispatchMode`` that records every aten op with
-  its module (the way ``torch.utils.flop_counter.FlopCounterMode`` attributes FLOPs); the graph
-  is rebuilt from tensor identity. On fake tensors when the model does not read values; for
-  real, on seeded random inputs, when it does (``if x.mean() > 0``, ``.item()``): then it
-  covers the path taken for those values.
+* ``eager``: when fx fails, one forward pass under a ``TorchDispatchMode`` that records every
+  aten op with its module (the way ``torch.utils.flop_counter.FlopCounterMode`` attributes
+  FLOPs); the graph is rebuilt from tensor identity. On fake tensors when the model does not
+  read values; for real, on seeded random inputs, when it does (``if x.mean() > 0``,
+  ``.item()``, and export failed too): then it covers the path taken for those values.
+* ``export``: ``torch.export.export(strict=False)``, aten-level graph with the module stack
+  kept, in place of the recording when the recording holds an attention written by hand (a
+  softmax between two matrix products: ``writes_attention``), whose SDPA rewrite matches
+  export's ops; or when the recording could not run. Outputs of any type (Hugging Face cache
+  objects) are flattened to their tensors. The recording costs what one forward on fake tensors
+  costs; export traces the same code several times slower (a 15,000-op Mamba: 5 s against 20 s).
 
 Everything but a real eager run works on fake tensors (``FakeTensorMode``): no weights are
 allocated and nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop.
@@ -74,7 +77,9 @@ class Observer(Protocol):
     cheap where it runs. Where the capture takes another path the key is absent and the stage
     finds what it needs itself (``archscan.prune.analyse``), or goes without (a memory figure on
     the captured graph's lifetimes). A mode with a ``where`` attribute is told the fx node that
-    runs.
+    runs. An observer with ``eager_mode(model, inputs)`` rides the recording on fake tensors
+    too (the model's own forward, not a graph; ``result`` then gets no output), and what it
+    found there is kept whichever graph the capture keeps.
     """
 
     key: str
@@ -276,10 +281,11 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = ()) -> Captured:
     """Capture and cost a model (see module docstring).
 
-    ``auto`` tries fx, then (when fx fails) export, then (when export fails) one forward pass on
-    fake tensors, recorded. When that pass needs tensor values, the model runs once for real,
-    after a check that its weights fit in memory. ``eager`` records on fake tensors too, and runs
-    for real only when the model needs values.
+    ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded, then
+    export when the recording holds an attention written by hand or could not run. When neither
+    runs without tensor values, the model runs once for real, after a check that its weights
+    fit in memory. ``eager`` records on fake tensors too, and runs for real only when the model
+    needs values.
 
     Args:
         target: the resolved model.
@@ -288,7 +294,7 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         dtype: cast the model (and float inputs) to this dtype.
         method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
         observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
-            direct run captured the model.
+            direct run or the recording on fake tensors ran it.
     """
     with capture_context():
         return _capture(target, specs, kwargs or {}, dtype, method, observers)
@@ -310,10 +316,12 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     names, numel, weight_keys = _weight_maps(model)
     call = make_call(specs, dtype, fake_mode)
 
+    observed: dict[str, Any] = {}
+
     def captured(gm, kind, notes=(), syncs=(), real_model=None) -> Captured:
         return Captured(gm, kind, real_model if real_model is not None else model, _notes(failures) + list(notes)
                         + _hook_notes(hooks), names, numel, failures, _was_training(target), tuple(syncs),
-                        fake=real_model is None)
+                        fake=real_model is None, observed=observed if real_model is None else {})
 
     if target.program:  # an exported program (.pt2): its graph is the capture, module stacks included
         gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures)
@@ -324,28 +332,35 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
         if gm is not None:
             return captured(gm, "fx")
-    if method in ("auto", "export"):  # export before the eager recording: it is the capture kept
-        watcher = SyncWatcher()
-        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, watcher)
-        if gm is not None:
-            return captured(gm, "export", syncs=watcher.records())
     recording = None
     if method in ("auto", "eager"):
         watcher = SyncWatcher()
+        riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
         try:
-            with watcher:
-                recording = capture_eager(model, call, weight_keys, set(names), target.source_file, fake_mode)
+            with watcher, state_kept(model):
+                recording = capture_eager(model, call, weight_keys, set(names), target.source_file, fake_mode,
+                                          [mode for _, mode in riders])
+            observed.update({o.key: o.result(mode, None, model) for o, mode in riders})
         except CaptureError as exc:
+            for o, mode in riders:
+                o.result(mode, None, model)  # lets go of what it holds (hooks)
             if not needs_values(exc.__cause__):
                 raise  # the model fails on these inputs: a real run would fail the same way
             why = f"the model needs tensor values{at(exc.__cause__, target.source_file)}: {short(exc.__cause__)}"
             failures["eager on fake tensors"] = why
+    eager_note = ["eager capture: one forward pass recorded on fake tensors (no values needed, nothing computed)"]
+    if recording is not None and (method == "eager" or not writes_attention(recording)):
+        return captured(recording, "eager", eager_note, watcher.records())
+    if method in ("auto", "export"):
+        syncs = SyncWatcher()
+        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, syncs)
+        if gm is not None:
+            return captured(gm, "export", syncs=syncs.records())
     if method in ("fx", "export"):
         raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
                            hint="use --capture auto to let archscan fall back to another capture")
-    if recording is not None:
-        return captured(recording, "eager", ["eager capture: one forward pass recorded on fake tensors "
-                                             "(no values needed, nothing computed)"], watcher.records())
+    if recording is not None:  # export could not take the model the recording took
+        return captured(recording, "eager", eager_note, watcher.records())
     # the model reads tensor values: a real run on seeded random inputs, with real weights
     _check_real_fits(model, specs, dtype, failures)
     real = build_real(target, kwargs, dtype, specs)
@@ -359,6 +374,48 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     note = ("eager capture: the model reads tensor values, so it ran once for real on seeded random inputs "
             f"({_input_note(specs)}); the analysis covers the path taken for those values")
     return captured(gm, "eager", [note], watcher.records(), real_model=real)
+
+
+_PRODUCTS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default,
+                       torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default})
+_SOFTMAXES = frozenset({torch.ops.aten._softmax.default, torch.ops.aten._safe_softmax.default,
+                        torch.ops.aten.softmax.int})
+
+
+def writes_attention(gm: torch.fx.GraphModule, hops: int = 6) -> bool:
+    """Does a softmax sit between two matrix products in ``gm`` (within ``hops`` ops each way), as
+    in an attention written by hand? The attention rewrite (``archscan.transform.attention``)
+    matches export's ops, so such a model is captured by export: what the scan says of its
+    attention is what ``archscan fuse`` then does."""
+    def reaches(node: torch.fx.Node, step, left: int) -> bool:
+        return any(n.target in _PRODUCTS or (left > 1 and reaches(n, step, left - 1)) for n in step(node))
+    return any(n.target in _SOFTMAXES and reaches(n, lambda m: m.all_input_nodes, hops)
+               and reaches(n, lambda m: list(m.users), hops) for n in gm.graph.nodes)
+
+
+_MODULE_OWN = frozenset(vars(nn.Module()))  # what torch keeps on every module: parameters, hooks, mode
+
+
+@contextlib.contextmanager
+def state_kept(model: nn.Module):
+    """The model's own Python state given back as it was after a run: a forward that fills a cache
+    on its modules (timm's LeViT keeps its attention biases per device in eval mode) would hand a
+    later capture the cached tensor instead of the parameters it is made from. Attributes a module
+    gained are removed, replaced ones put back, and dicts, lists and sets refilled in place."""
+    saved = [(m, {k: (v, v.copy() if isinstance(v, (dict, list, set)) else None)
+                  for k, v in vars(m).items() if k not in _MODULE_OWN}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, attrs in saved:
+            state = vars(module)
+            for k in [k for k in state if k not in _MODULE_OWN and k not in attrs]:
+                del state[k]
+            for k, (value, contents) in attrs.items():
+                state[k] = value
+                if contents is not None:
+                    value.clear()
+                    (value.extend if isinstance(value, list) else value.update)(contents)
 
 
 def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
@@ -409,7 +466,7 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
     """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
     when it does not work. A model that rejects its inputs is an input error, raised."""
     try:
-        with quiet(), watcher or contextlib.nullcontext():
+        with quiet(), watcher or contextlib.nullcontext(), state_kept(model):
             gm = (model if kind == "program" else trace_fx(model, call) if kind == "fx"
                   else trace_export(model, call))
     except Exception as exc:

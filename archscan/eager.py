@@ -10,12 +10,13 @@ real, and the graph covers the path taken for that input.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .building import Call
 from .costs import storage_key, tensors_in
@@ -31,8 +32,9 @@ class _EagerGraphBuilder:
     def __init__(self, model: nn.Module, call: Call, recorder: OpRecorder):
         self.model = model
         self.graph = torch.fx.Graph()
-        self.produced: dict[int, torch.fx.Node] = {}
-        self.keep: list[Any] = []  # keep outputs alive so ids stay unique
+        # tensor -> the node that made it, held weakly: a tensor is freed when the model lets it go,
+        # as in its own run (a memory tracker riding the recording sees the same lifetimes)
+        self.produced: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.attr_nodes: dict[Any, torch.fx.Node] = {}
         self.weights = {}
         for name, p in model.named_parameters():
@@ -40,9 +42,9 @@ class _EagerGraphBuilder:
         for name, b in model.named_buffers():
             self.weights.setdefault(storage_key(b), name)
         for i, x in enumerate(call.args):
-            self.produced[id(x)] = self.graph.placeholder(f"input_{i}")
+            self.produced[x] = self.graph.placeholder(f"input_{i}")
         for name, x in call.kwargs.items():
-            self.produced[id(x)] = self.graph.placeholder(name)
+            self.produced[x] = self.graph.placeholder(name)
         self.names = {id(m): n for n, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.recorder = recorder
@@ -50,8 +52,9 @@ class _EagerGraphBuilder:
 
     def _arg(self, a):
         if isinstance(a, torch.Tensor):
-            if id(a) in self.produced:
-                return self.produced[id(a)]
+            node = self.produced.get(a)
+            if node is not None:
+                return node
             k = storage_key(a)
             if k in self.weights:
                 if k not in self.attr_nodes:
@@ -78,8 +81,7 @@ class _EagerGraphBuilder:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
         node.meta["archscan"] = costs
         for leaf in tensors_in(out):
-            self.produced[id(leaf)] = node
-            self.keep.append(leaf)
+            self.produced[leaf] = node
 
     def pre_hook(self, module, args):
         self.stack.append(module)
@@ -94,9 +96,11 @@ class _EagerGraphBuilder:
 
 
 def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: set,
-                  source_file: str | None, fake_mode: FakeTensorMode | None = None) -> torch.fx.GraphModule:
+                  source_file: str | None, fake_mode: FakeTensorMode | None = None,
+                  below: Sequence[Any] = ()) -> torch.fx.GraphModule:
     """Run the model once, recording every aten op with its module: on fake tensors under
     ``fake_mode`` (nothing computed; fails where the model needs values), else for real.
+    ``below``: dispatch modes (observers') stacked between the tensors and the recorder.
 
     Raises:
         CaptureError: the model failed; its ``__cause__`` is the model's exception.
@@ -106,7 +110,9 @@ def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: se
     pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
     post = nn.modules.module.register_module_forward_hook(builder.post_hook)
     try:
-        with fake_mode or contextlib.nullcontext(), torch.no_grad(), recorder, quiet():
+        with contextlib.ExitStack() as modes:
+            for mode in (fake_mode or contextlib.nullcontext(), torch.no_grad(), *below, recorder, quiet()):
+                modes.enter_context(mode)
             out = call(model)
     except Exception as exc:
         where = ""

@@ -162,6 +162,15 @@ def test_parameters_unused_for_these_inputs_are_not_called_dead(capsys):
     assert "scan with the inputs that do" in f["fix"]
 
 
+def test_a_cache_filled_by_one_capture_is_not_read_by_the_next(capsys):
+    """The recording fills the model's eval-mode bias cache; export, which follows it for an
+    attention written by hand, still reads the bias table: nothing is called unused."""
+    report = _scan_json(capsys, f"{MODELS}:CachedBiasAttention", "--input", "2,16,32")
+    assert report["capture"] == "export"
+    assert not [f for f in report["findings"] if f["rule"] == "unused-module"]
+    assert any(r["kind"] == "sdpa" for r in report["recommendations"])
+
+
 def test_fuse_rewrites_a_learned_temperature_and_says_why_it_leaves_one(capsys, tmp_path):
     """The scan's sdpa promise is kept: a per-head temperature folds into q; an attention whose
     weights are returned is left, with its reason."""

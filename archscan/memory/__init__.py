@@ -1,9 +1,11 @@
 """Memory: the bytes live over a run by tensor lifetime, their peak and what holds them then.
 
 ``MemoryTracker`` (``tracker.py``) follows storages on fake tensors. Every scan reports its
-inference forward's peak from the model's own forward, run once more on the capture's model
-(``forward_memory``); where that cannot run, ``MemoryObserver``, which rides the capture's direct
-run (an ``archscan.capture.Observer``), gives the captured graph's figure.
+inference forward's peak from the model's own forward: ``MemoryObserver`` (an
+``archscan.capture.Observer``) rides the capture's recording on fake tensors where the capture
+makes one; otherwise the forward runs once more on the capture's model (``forward_memory``), and
+where that cannot run either, the observer's figure from the capture's direct run (the captured
+graph's lifetimes) stands.
 ``archscan.memory.train`` analyses a whole training step; ``snapshot`` writes a run in PyTorch's
 memory snapshot format.
 """
@@ -26,7 +28,10 @@ __all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_mem
 
 
 class MemoryObserver:
-    """The inference forward's memory, found in the capture's run (``Captured.observed["memory"]``)."""
+    """The inference forward's memory, found in the capture's run (``Captured.observed["memory"]``):
+    the captured graph's lifetimes in a direct run (``mode``), or the model's own forward where
+    the capture records it on fake tensors (``eager_mode``: what ``forward_memory`` finds, in
+    the same run)."""
 
     key = "memory"
 
@@ -35,10 +40,19 @@ class MemoryObserver:
         tracker.register(*weights(model))
         return tracker
 
+    def eager_mode(self, model: nn.Module, inputs: Sequence[torch.Tensor]) -> MemoryTracker:
+        tracker = MemoryTracker(locate=user_line)
+        tracker.register(*weights(model))
+        tracker.register(inputs, "inputs")
+        tracker.hooks = module_hooks(model, tracker)
+        return tracker
+
     def result(self, tracker: MemoryTracker, output: Any, model: nn.Module) -> dict:
-        tracker.settle()
+        for h in tracker.hooks or ():
+            h.remove()
         tracker.close()
-        return summary(tracker, {"basis": "graph"})
+        tracker.settle()
+        return summary(tracker, {"basis": "eager" if tracker.hooks is not None else "graph"})
 
 
 def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> dict | None:

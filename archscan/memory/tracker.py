@@ -89,6 +89,7 @@ class MemoryTracker(TorchDispatchMode):
         self.called_at: dict[str, str | None] = {}  # module path -> the model's line that first called it
         self.phase_peaks: dict[str, int] = {}        # phase -> its highest live bytes
         self._finalizers: list[weakref.finalize] = []
+        self.hooks: list | None = None  # module hooks that tell it ``where`` (``module_hooks``), where a run has them
 
     # --- storages -------------------------------------------------------------------------------------
 

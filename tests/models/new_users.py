@@ -154,6 +154,39 @@ class RelativeBiasReturned(nn.Module):
         return attn @ v, attn
 
 
+class CachedBiasAttention(nn.Module):
+    """Attention biases gathered from a table and kept per device in eval mode (timm's LeViT,
+    TinyViT, EfficientViT-M): one forward fills the cache, and a capture after it must still see
+    the parameter. The shape check keeps torch.fx out."""
+
+    def __init__(self, dim=32, tokens=16):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attention_biases = nn.Parameter(torch.zeros(tokens))
+        self.register_buffer("idx", torch.arange(tokens * tokens).remainder(tokens).view(tokens, tokens),
+                             persistent=False)
+        self.bias_cache = {}
+
+    def train(self, mode=True):
+        super().train(mode)
+        if mode:
+            self.bias_cache = {}
+        return self
+
+    def biases(self, device):
+        if self.training:
+            return self.attention_biases[self.idx]
+        if str(device) not in self.bias_cache:
+            self.bias_cache[str(device)] = self.attention_biases[self.idx]
+        return self.bias_cache[str(device)]
+
+    def forward(self, x):
+        if x.shape[1] != self.idx.shape[0]:
+            raise ValueError(f"expected {self.idx.shape[0]} tokens")
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return (q @ k.transpose(-2, -1) * 0.125 + self.biases(x.device)).softmax(dim=-1) @ v
+
+
 class NamedOutput(nn.Module):
     """Returns a namedtuple in training mode (torchvision's inception_v3 returns InceptionOutputs)."""
 
