@@ -217,10 +217,25 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
         elif name == "_to_copy" and node.kwargs.get("device") is not None:
             attrs["device_move"] = True
     elif node.op == "call_method" and target in _DEVICE_METHODS:
-        moves = target != "to" or any(_names_device(a) for a in list(node.args[1:]) + [node.kwargs.get("device")])
+        moves = target != "to" or (any(_names_device(a) for a in list(node.args[1:]) + [node.kwargs.get("device")])
+                                   and not _registered(node.args[0]))
         if moves:
             attrs.update(device_move=True, to_host=target == "cpu")
     return attrs
+
+
+def _registered(arg) -> bool:
+    """Is ``arg`` a parameter or buffer the model registered? Those move with ``model.to(device)``,
+    so ``self.inv_freq.to(x.device)`` finds them there and copies nothing (a tensor fx baked in as
+    a constant, a plain attribute, stays where it was made)."""
+    if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+        return False
+    owner, _, name = str(arg.target).rpartition(".")
+    try:
+        module = arg.graph.owning_module.get_submodule(owner)
+    except AttributeError:
+        return False
+    return not name.startswith("_tensor_constant") and (name in module._parameters or name in module._buffers)
 
 
 def _names_device(arg) -> bool:

@@ -378,8 +378,10 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
 
 _PRODUCTS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default,
                        torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default})
-_SOFTMAXES = frozenset({torch.ops.aten._softmax.default, torch.ops.aten._safe_softmax.default,
-                        torch.ops.aten.softmax.int})
+# not aten._safe_softmax: scaled_dot_product_attention's math path (the CPU kernel for shapes its
+# flash kernel does not take, such as DeepSeek's 192-wide keys beside 128-wide values) runs it
+# between matrix products of its own, and that attention is one call already
+_SOFTMAXES = frozenset({torch.ops.aten._softmax.default, torch.ops.aten.softmax.int})
 
 
 def writes_attention(gm: torch.fx.GraphModule, hops: int = 6) -> bool:

@@ -68,6 +68,11 @@ class _EagerGraphBuilder:
         return repr(a)
 
     def on_op(self, func, args, kwargs, out, cost):
+        if func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None and args \
+                and isinstance(args[0], torch.Tensor) and torch.device(kwargs["device"]) == args[0].device:
+            # `.to(device=x.device, dtype=...)` of a tensor already there: a cast, no move (export
+            # records no device either); the rules read a device here as a copy between devices
+            kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         node = self.graph.call_function(func, self._arg(tuple(args)), {k: self._arg(v) for k, v in kwargs.items()})
         stack = {}
         for m in self.stack:

@@ -4,6 +4,7 @@ against the tool a user would otherwise pick, torch's ``FlopCounterMode`` on a r
 
     python benchmarks/bench_hf.py                  # TinyLlama-1.1B and Llama-2-7B shapes, 1x128 tokens
     python benchmarks/bench_hf.py --models llama2_7b --tokens 512
+    python benchmarks/bench_hf.py --models mamba_130m,rwkv_169m --tokens 64
 
 Models are built from configs (random weights; no download). Needs ``transformers``.
 """
@@ -17,18 +18,26 @@ import subprocess
 import sys
 import time
 
-CONFIGS = {  # transformers.LlamaConfig arguments, as published with the checkpoints
-    "tinyllama_1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                         num_key_value_heads=4, vocab_size=32000),
-    "llama2_7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000),
+CONFIGS = {  # name -> (model class, config class, config arguments as published with the checkpoints)
+    "tinyllama_1b": ("LlamaForCausalLM", "LlamaConfig",
+                     dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                          num_key_value_heads=4, vocab_size=32000)),
+    "llama2_7b": ("LlamaForCausalLM", "LlamaConfig",
+                  dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, vocab_size=32000)),
+    # recurrent models whose CPU path loops over the tokens in Python: long graphs of small ops
+    "mamba_130m": ("MambaForCausalLM", "MambaConfig",
+                   dict(hidden_size=768, num_hidden_layers=24, vocab_size=50280, state_size=16)),
+    "rwkv_169m": ("RwkvForCausalLM", "RwkvConfig",
+                  dict(hidden_size=768, num_hidden_layers=12, vocab_size=50277, context_length=1024)),
 }
 
 MODEL_FILE = """\
 import transformers
 
 def build(name):
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{configs}[name]))
+    model, config, arguments = {configs}[name]
+    return getattr(transformers, model)(getattr(transformers, config)(**arguments))
 """
 
 FLOP_COUNTER = """\

@@ -149,8 +149,10 @@ def test_building_blocks_are_the_innermost_repeated_units(capsys):
     assert g3(staged) == g3(flat) and g3(flat)
 
 
-def test_dtype_casts_are_not_device_moves(capsys):
-    report = _scan_json(capsys, f"{MODELS}:Casts", "--input", "2,8")
+@pytest.mark.parametrize("capture", ["fx", "eager", "export"])
+def test_dtype_casts_are_not_device_moves(capsys, capture):
+    report = _scan_json(capsys, f"{MODELS}:Casts", "--input", "2,8", "--capture", capture)
+    assert report["capture"] == capture
     assert not [f for f in report["findings"] if f["rule"] == "host-tensor"]
     assert not [r for r in report["recommendations"] if r["kind"] == "buffer"]
 
@@ -169,6 +171,16 @@ def test_a_cache_filled_by_one_capture_is_not_read_by_the_next(capsys):
     assert report["capture"] == "export"
     assert not [f for f in report["findings"] if f["rule"] == "unused-module"]
     assert any(r["kind"] == "sdpa" for r in report["recommendations"])
+
+
+def test_an_attention_in_one_call_is_recorded_not_exported(capsys):
+    """SDPA's math path shows a softmax between matrix products in the recording; it is one call
+    already, so the recording is kept (export would trace the same code several times slower)."""
+    report = _scan_json(capsys, f"{MODELS}:WideKeyAttention", "--input", "2,16,32")
+    assert report["capture"] == "eager"
+    exported = _scan_json(capsys, f"{MODELS}:WideKeyAttention", "--input", "2,16,32", "--capture", "export")
+    assert exported["totals"]["flops"] == report["totals"]["flops"]
+    assert not any(r["kind"] == "sdpa" for r in report["recommendations"] + exported["recommendations"])
 
 
 def test_fuse_rewrites_a_learned_temperature_and_says_why_it_leaves_one(capsys, tmp_path):

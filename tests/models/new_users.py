@@ -103,11 +103,13 @@ class Casts(nn.Module):
     def __init__(self):
         super().__init__()
         self.proj = nn.Linear(8, 8)
+        self.register_buffer("inv_freq", torch.ones(8, dtype=torch.bfloat16), persistent=False)
 
     def forward(self, x):
         x = x.to(self.proj.weight.dtype)
         y = self.proj(x).type_as(x)
-        return y.to(torch.float32) + y.float()
+        freq = self.inv_freq.to(device=x.device, dtype=torch.float)  # Hugging Face's rotary embeddings
+        return y.to(torch.float32) + y.float() + freq
 
 
 class OptionalPath(nn.Module):
@@ -185,6 +187,23 @@ class CachedBiasAttention(nn.Module):
             raise ValueError(f"expected {self.idx.shape[0]} tokens")
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         return (q @ k.transpose(-2, -1) * 0.125 + self.biases(x.device)).softmax(dim=-1) @ v
+
+
+class WideKeyAttention(nn.Module):
+    """scaled_dot_product_attention with keys wider than its values (DeepSeek's MLA: 192 beside
+    128): the CPU runs its math path, a softmax between two matrix products inside one call.
+    The shape check keeps torch.fx out."""
+
+    def __init__(self, dim=32):
+        super().__init__()
+        self.qk = nn.Linear(dim, 2 * dim)
+        self.v = nn.Linear(dim, dim // 2)
+
+    def forward(self, x):
+        if x.shape[1] < 2:
+            raise ValueError("expected two tokens or more")
+        q, k = self.qk(x).chunk(2, dim=-1)
+        return nn.functional.scaled_dot_product_attention(q, k, self.v(x), is_causal=True)
 
 
 class NamedOutput(nn.Module):
