@@ -44,7 +44,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             tensors (only their shape and dtype are used); or a dict of keyword arguments.
         kwargs: constructor arguments when ``model`` is a class, factory or target string.
         dtype: run the model in this dtype (e.g. ``torch.bfloat16`` or ``'bf16'``).
-        capture_method: ``'auto'`` (fx, then export, then eager) or one of them.
+        capture_method: ``'auto'`` (fx, then the recording on fake tensors, then export; see
+            ``archscan.capture.capture``) or one of them.
         name: the model's name in the report.
         rules: rule ids to check (``archscan.rules.RULES``); None checks all, ``[]`` none.
         measure: time the real model (``True`` or ``MeasureOptions``: device, amp, channels_last...).

@@ -33,7 +33,7 @@ def scan_cmd(
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="run the model in this dtype: float32, bfloat16, float16, float64")] = None,
     depth: Annotated[int, typer.Option("--depth", "-d", min=0, help="module hierarchy depth of the table")] = 2,
     nodes: Annotated[bool, typer.Option("--nodes", help="list every graph node instead of the module table")] = False,
-    capture: Annotated[str, typer.Option("--capture", help="auto (fx, then export, then eager), fx, export or eager")] = "auto",
+    capture: Annotated[str, typer.Option("--capture", help="auto (fx, then one forward recorded on fake tensors, then export), fx, eager or export")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report (schema archscan.report/1) on stdout; the model's own output goes to stderr")] = False,
     measure: Annotated[bool, typer.Option("--measure", help="time the real model per node and end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available); without --measure, whose calibrated profile predicts latency")] = None,
