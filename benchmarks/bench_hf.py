@@ -5,6 +5,7 @@ against the tool a user would otherwise pick, torch's ``FlopCounterMode`` on a r
     python benchmarks/bench_hf.py                  # TinyLlama-1.1B and Llama-2-7B shapes, 1x128 tokens
     python benchmarks/bench_hf.py --models llama2_7b --tokens 512
     python benchmarks/bench_hf.py --models mamba_130m,rwkv_169m --tokens 64
+    python benchmarks/bench_hf.py --models mamba_130m,rwkv_169m --tokens 64 --in-process
 
 Models are built from configs (random weights; no download). Needs ``transformers``.
 """
@@ -62,15 +63,51 @@ def timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
     return wall, peak_kib / 2**20, out
 
 
+IN_PROCESS = """\
+import json, sys, time, torch, archscan
+from torch.utils.flop_counter import FlopCounterMode
+sys.path.insert(0, {dir!r})
+from hf_models import build
+t = time.perf_counter(); model = build({name!r}).eval(); built = time.perf_counter() - t
+t = time.perf_counter()
+with FlopCounterMode(display=False) as counter, torch.no_grad():
+    model(torch.zeros(1, {tokens}, dtype=torch.long))
+forward = time.perf_counter() - t
+t = time.perf_counter(); report = archscan.scan(model, ["1,{tokens}:int64"]); scanned = time.perf_counter() - t
+print(json.dumps({{"build": built, "forward": forward, "scan": scanned, "capture": report.capture,
+                  "same": report.totals.flops == counter.get_total_flops() // 2}}))
+"""
+
+
+def in_process(args) -> None:
+    """One process per model: build it, then time its real forward under FlopCounterMode and
+    ``archscan.scan`` of the built model, each call alone (no imports, no construction)."""
+    print(f"{'model':<14}{'build s':>9}{'real forward + FlopCounterMode s':>34}{'archscan.scan s':>17}{'ratio':>7}")
+    for name in args.models.split(","):
+        out = subprocess.run([sys.executable, "-c", IN_PROCESS.format(dir=args.workdir, name=name, tokens=args.tokens)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{name:<14}failed: {out.stderr.strip()[-300:]}")
+            continue
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{name:<14}{got['build']:>9.1f}{got['forward']:>34.2f}{got['scan']:>17.2f}{got['scan'] / got['forward']:>7.1f}"
+              f"  (capture: {got['capture']}; same multiply-adds: {got['same']})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="tinyllama_1b,llama2_7b")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--workdir", default="/tmp/archscan-bench-hf")
+    ap.add_argument("--in-process", action="store_true",
+                    help="time the calls alone in one process, the model already built")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "hf_models.py"), "w") as f:
         f.write(MODEL_FILE.format(configs=json.dumps(CONFIGS)))
+    if args.in_process:
+        in_process(args)
+        return
     archscan = os.path.join(os.path.dirname(sys.executable), "archscan")
     print(f"{'model':<14}{'tool':<34}{'wall s':>8}{'peak GiB':>10}{'multiply-adds':>18}")
     for name in args.models.split(","):
