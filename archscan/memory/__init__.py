@@ -70,21 +70,16 @@ def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dt
         if fake_mode is None:
             return None
         base, call = fake_mode, make_call(specs, dtype, fake_mode)
-    tracker = MemoryTracker(locate=user_line)
-    tracker.register(*weights(model))
-    tracker.register(call.tensors(), "inputs")
-    hooks = module_hooks(model, tracker)
+    observer = MemoryObserver()
+    tracker = observer.eager_mode(model, call.tensors())
+    ran = True
     try:
         with global_hooks_set_aside(), base, tracker, torch.no_grad(), quiet():
             call(model)
     except Exception:  # direct.Stop, a value the fake tensors cannot give: the graph's figure stands
-        return None
-    finally:
-        for h in hooks:
-            h.remove()
-        tracker.close()
-    tracker.settle()
-    return summary(tracker, {"basis": "eager"})
+        ran = False
+    found = observer.result(tracker, None, model)  # its hooks go either way
+    return found if ran else None
 
 
 def weights(model: nn.Module) -> tuple[list[torch.Tensor], str, list[str]]:
