@@ -176,6 +176,73 @@ def _active_params(used: int, nodes: Sequence[NodeReport]) -> int | None:
     return used - sum(idle) if idle else None
 
 
+MASK_ELEMENTS = 1 << 24  # the largest attention mask evaluated (a 4,096 × 4,096 causal mask)
+
+
+def _masked_attrs(node: torch.fx.Node, costs: NodeCosts) -> dict:
+    """``{"masked": True, "executed_flops"}`` for attention given an explicit mask that the model
+    computes from positions alone (a causal mask, a sliding window, a cache's offset: aranges and
+    comparisons): the mask is evaluated on the CPU and the multiply-adds are those of the
+    query-key pairs it lets through (the dense count stays ``flops``); {} otherwise (a mask read
+    from an input, one made of weights, one too large to evaluate, or ``is_causal`` already
+    counted)."""
+    attention = [c for c in costs.ops if c.category == "attention"]
+    if not attention or any("executed_flops" in c.attrs for c in costs.ops):
+        return {}
+    mask = _argument(node, "attn_mask")
+    pairs = _allowed_pairs(mask) if isinstance(mask, torch.fx.Node) else None
+    if pairs is None:
+        return {}
+    allowed, total = pairs
+    return {"masked": True, "executed_flops": sum(c.flops * allowed // total if c.category == "attention" else c.flops
+                                                  for c in costs.ops)}
+
+
+def _argument(node: torch.fx.Node, name: str):
+    """The value ``node`` passes for its aten op's argument ``name`` (None when it passes none)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return None
+    if name in node.kwargs:
+        return node.kwargs[name]
+    names = [a.name for a in schema.arguments if not a.kwarg_only]
+    return node.args[names.index(name)] if name in names and names.index(name) < len(node.args) else None
+
+
+def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
+    """(entries that let a query-key pair through, entries) of a mask computed by aten ops from
+    numbers alone, evaluated on real CPU tensors; None when any op reads something else (a model
+    input, a weight, a constant) or the mask is larger than ``MASK_ELEMENTS``. A bool mask lets
+    True through; a float one any entry above its dtype's lowest value (-inf, or finfo.min)."""
+    shape = getattr(mask.meta.get("archscan"), "out_shape", None)
+    if shape is None or math.prod(shape) > MASK_ELEMENTS:
+        return None
+    made, stack = set(), [mask]
+    while stack:
+        n = stack.pop()
+        if n in made:
+            continue
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or n.target.namespace != "aten":
+            return None
+        made.add(n)
+        stack.extend(n.all_input_nodes)
+    values: dict = {}
+    try:
+        for n in mask.graph.nodes:  # in the graph's order: what an op reads is made before it
+            if n in made:
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), values.__getitem__)
+                if any(isinstance(a, str) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+                    return None  # a tensor the recording did not make (named by its shape)
+                values[n] = n.target(*args, **kwargs)
+    except Exception:
+        return None
+    m = values[mask]
+    if not isinstance(m, torch.Tensor) or m.numel() == 0:
+        return None
+    through = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min if m.is_floating_point() else None
+    return (int(through.sum()), m.numel()) if through is not None else None
+
+
 def _placement_attrs(node: torch.fx.Node) -> dict:
     """Where a node's tensors come from: host factories without ``device=``, ``.to(device)``, and the
     graph inputs and attributes it shares with other nodes.
@@ -283,7 +350,8 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             params=params, out_shape=costs.out_shape,
             dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
             source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
-            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"), attrs={**_merge_attrs(costs), **_placement_attrs(node)},
+            aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
+            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs), **_placement_attrs(node)},
         ))
         kept.add(node.name)
         node_stacks.append(stack)

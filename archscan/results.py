@@ -85,7 +85,7 @@ class Totals:
     used_params: int
     unused_params: int
     param_bytes: int
-    executed_flops: int | None = None  # what runs: causal attention computes only the pairs its mask leaves
+    executed_flops: int | None = None  # what runs: causal or position-masked attention computes only the pairs its mask leaves
     active_params: int | None = None   # mixture of experts: the parameters one token uses (k of E experts)
 
     @property

@@ -183,6 +183,22 @@ def test_an_attention_in_one_call_is_recorded_not_exported(capsys):
     assert not any(r["kind"] == "sdpa" for r in report["recommendations"] + exported["recommendations"])
 
 
+@pytest.mark.parametrize("capture", ["auto", "export"])
+def test_a_sliding_window_caps_the_executed_pairs(capsys, capture):
+    """A window of 4 over 16 tokens lets 1 + 2 + 3 + 13 * 4 = 58 of the 256 query-key pairs
+    through: the executed multiply-adds are the dense count's 58/256, in the recording and in
+    export; a mask given as an input has unknown values, so nothing is assumed of it."""
+    report = _scan_json(capsys, f"{MODELS}:SlidingWindowAttention", "--input", "2,16,32", "--capture", capture)
+    dense = 2 * 4 * 16 * 16 * (8 + 8)  # batch * heads * queries * keys * (q.k and p.v per pair)
+    (attention,) = [n for n in report["nodes"] if n["category"] == "attention"]
+    assert attention["flops"] == dense and attention["attrs"]["masked"]
+    assert attention["attrs"]["executed_flops"] == dense * 58 // 256
+    assert report["totals"]["flops"] - report["totals"]["executed_flops"] == dense - dense * 58 // 256
+    given = _scan_json(capsys, f"{MODELS}:SlidingWindowAttention", "--input", "2,16,32", "--input", "mask=16,16:bool",
+                       "--capture", capture)
+    assert given["totals"]["executed_flops"] == given["totals"]["flops"]
+
+
 def test_fuse_rewrites_a_learned_temperature_and_says_why_it_leaves_one(capsys, tmp_path):
     """The scan's sdpa promise is kept: a per-head temperature folds into q; an attention whose
     weights are returned is left, with its reason."""

@@ -348,3 +348,19 @@ def test_mixtral_experts_count_by_hand_in_every_dtype(dtype):
     grouped = [n for n in report.nodes if "grouped_mm" in n.op]
     assert grouped and sum(n.flops for n in grouped) == layers * b * t * k * 3 * h * inter
     assert step["backward"]["flops"] > 2 * report.totals.flops - 2 * b * t * h * vocab  # experts' gradients counted
+
+
+def test_a_hugging_face_sliding_window_is_counted_as_executed():
+    """Mistral builds its sliding-window mask from positions: over 32 tokens a window of 4 lets
+    1 + 2 + 3 + 29 * 4 = 122 of the 1,024 query-key pairs through, in each capture."""
+    transformers = pytest.importorskip("transformers")
+
+    def mistral():
+        return transformers.MistralForCausalLM(transformers.MistralConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=1000, sliding_window=4))
+
+    dense = 2 * 2 * 4 * 32 * 32 * (16 + 16)  # layers * batch * heads * queries * keys * (q.k and p.v)
+    for method in ("auto", "export"):
+        report = archscan.scan(mistral, ["2,32:int64"], capture_method=method, rules=[])
+        assert report.totals.flops - report.totals.executed_flops == dense - dense * 122 // 1024, method

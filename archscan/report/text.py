@@ -101,7 +101,7 @@ def totals_lines(report: Report) -> list[str]:
         + (f", {fmt_count(t.unused_params)} unused for these inputs" if t.unused_params else "")
         + (f"; {fmt_count(t.active_params)} active per token (k of E experts)" if t.active_params is not None else ""),
         f"FLOPs      {fmt_count(t.flops)} multiply-adds ({t.flops:,})"
-        + (f"; executed {fmt_count(t.executed_flops)} ({t.executed_flops:,}: causal attention computes only the "
+        + (f"; executed {fmt_count(t.executed_flops)} ({t.executed_flops:,}: masked attention computes only the "
            "query-key pairs its mask leaves)" if t.executed_flops is not None and t.executed_flops != t.flops else ""),
         f"MAC        {fmt_bytes(t.mac_bytes)} moved ({t.mac_bytes:,} bytes: {fmt_bytes(t.read_bytes)} read, "
         f"{fmt_bytes(t.write_bytes)} written, {fmt_bytes(t.weight_bytes)} of it weights)",

@@ -206,6 +206,28 @@ class WideKeyAttention(nn.Module):
         return nn.functional.scaled_dot_product_attention(q, k, self.v(x), is_causal=True)
 
 
+class SlidingWindowAttention(nn.Module):
+    """Attention under a sliding-window mask the model builds from positions (Mistral's, Gemma's
+    local layers); or under a mask given as an input. The shape check keeps torch.fx out."""
+
+    def __init__(self, dim=32, heads=4, window=4):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, mask=None):
+        b, s, c = x.shape
+        if s < 2:
+            raise ValueError("expected two tokens or more")
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if mask is None:
+            i = torch.arange(s, device=x.device)[:, None]
+            j = torch.arange(s, device=x.device)[None, :]
+            mask = (j <= i) & (j > i - self.window)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(b, s, c)
+
+
 class NamedOutput(nn.Module):
     """Returns a namedtuple in training mode (torchvision's inception_v3 returns InceptionOutputs)."""
 
