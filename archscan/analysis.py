@@ -179,23 +179,41 @@ def _active_params(used: int, nodes: Sequence[NodeReport]) -> int | None:
 MASK_ELEMENTS = 1 << 24  # the largest attention mask evaluated (a 4,096 × 4,096 causal mask)
 
 
-def _masked_attrs(node: torch.fx.Node, costs: NodeCosts) -> dict:
+def _masked_attrs(node: torch.fx.Node, costs: NodeCosts, masks: dict) -> dict:
     """``{"masked": True, "executed_flops"}`` for attention given an explicit mask that the model
     computes from positions alone (a causal mask, a sliding window, a cache's offset: aranges and
     comparisons): the mask is evaluated on the CPU and the multiply-adds are those of the
     query-key pairs it lets through (the dense count stays ``flops``); {} otherwise (a mask read
     from an input, one made of weights, one too large to evaluate, or ``is_causal`` already
-    counted)."""
+    counted). ``masks``: what a mask computes (``_structure``) -> its pairs, filled as masks are
+    met: each layer may make its own copy of the model's one mask, evaluated once."""
     attention = [c for c in costs.ops if c.category == "attention"]
     if not attention or any("executed_flops" in c.attrs for c in costs.ops):
         return {}
     mask = _argument(node, "attn_mask")
-    pairs = _allowed_pairs(mask) if isinstance(mask, torch.fx.Node) else None
+    if not isinstance(mask, torch.fx.Node):
+        return {}
+    key = _structure(mask, masks.setdefault("nodes", {}))
+    if key not in masks:
+        masks[key] = _allowed_pairs(mask)
+    pairs = masks[key]
     if pairs is None:
         return {}
     allowed, total = pairs
     return {"masked": True, "executed_flops": sum(c.flops * allowed // total if c.category == "attention" else c.flops
                                                   for c in costs.ops)}
+
+
+def _structure(node: torch.fx.Node, keys: dict) -> str:
+    """What ``node`` computes, as text: its op and its arguments, each node among them by what it
+    computes in turn (two nodes that make the same mask from the same ops have one key)."""
+    if node not in keys:
+        if node.op == "call_function":
+            args = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: _structure(a, keys))
+            keys[node] = f"{node.target}{args!r}"
+        else:  # an input, a weight: itself
+            keys[node] = f"{node.op}:{node.target}"
+    return keys[node]
 
 
 def _argument(node: torch.fx.Node, name: str):
@@ -318,6 +336,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
     gm, model = captured.gm, captured.model
     seen_params: set = set()
+    masks: dict = {}  # attention mask node -> the pairs it lets through (_masked_attrs)
     nodes: list[NodeReport] = []
     uncounted: Counter = Counter()
     kept: set[str] = set()
@@ -351,7 +370,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
             source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
             aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
-            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs), **_placement_attrs(node)},
+            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks), **_placement_attrs(node)},
         ))
         kept.add(node.name)
         node_stacks.append(stack)
