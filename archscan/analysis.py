@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
 from .capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
-from .costs import CATEGORIES, storage_key
+from .costs import CATEGORIES, bound_arguments, storage_key
 from .frames import exit_error
 from .memory import MemoryObserver, forward_memory
 from .loading import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
@@ -179,21 +179,21 @@ def _active_params(used: int, nodes: Sequence[NodeReport]) -> int | None:
 MASK_ELEMENTS = 1 << 24  # the largest attention mask evaluated (a 4,096 × 4,096 causal mask)
 
 
-def _masked_attrs(node: torch.fx.Node, costs: NodeCosts, masks: dict) -> dict:
+def _masked_attrs(node: torch.fx.Node, costs: NodeCosts, masks: dict, keys: dict) -> dict:
     """``{"masked": True, "executed_flops"}`` for attention given an explicit mask that the model
     computes from positions alone (a causal mask, a sliding window, a cache's offset: aranges and
     comparisons): the mask is evaluated on the CPU and the multiply-adds are those of the
     query-key pairs it lets through (the dense count stays ``flops``); {} otherwise (a mask read
     from an input, one made of weights, one too large to evaluate, or ``is_causal`` already
-    counted). ``masks``: what a mask computes (``_structure``) -> its pairs, filled as masks are
-    met: each layer may make its own copy of the model's one mask, evaluated once."""
-    attention = [c for c in costs.ops if c.category == "attention"]
-    if not attention or any("executed_flops" in c.attrs for c in costs.ops):
+    counted). ``masks``: what a mask computes (``_structure``, its ``keys`` memo) -> its pairs,
+    filled as masks are met: each layer may make its own copy of the model's one mask, evaluated
+    once."""
+    if not any(c.category == "attention" for c in costs.ops) or any("executed_flops" in c.attrs for c in costs.ops):
         return {}
-    mask = _argument(node, "attn_mask")
+    mask = bound_arguments(node.target, node.args, node.kwargs).get("attn_mask") if node.op == "call_function" else None
     if not isinstance(mask, torch.fx.Node):
         return {}
-    key = _structure(mask, masks.setdefault("nodes", {}))
+    key = _structure(mask, keys)
     if key not in masks:
         masks[key] = _allowed_pairs(mask)
     pairs = masks[key]
@@ -214,17 +214,6 @@ def _structure(node: torch.fx.Node, keys: dict) -> str:
         else:  # an input, a weight: itself
             keys[node] = f"{node.op}:{node.target}"
     return keys[node]
-
-
-def _argument(node: torch.fx.Node, name: str):
-    """The value ``node`` passes for its aten op's argument ``name`` (None when it passes none)."""
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None:
-        return None
-    if name in node.kwargs:
-        return node.kwargs[name]
-    names = [a.name for a in schema.arguments if not a.kwarg_only]
-    return node.args[names.index(name)] if name in names and names.index(name) < len(node.args) else None
 
 
 def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
@@ -336,7 +325,8 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     """Turn an annotated graph into a Report: per-node rows, per-module sums, totals."""
     gm, model = captured.gm, captured.model
     seen_params: set = set()
-    masks: dict = {}  # attention mask node -> the pairs it lets through (_masked_attrs)
+    masks: dict = {}  # what an attention mask computes -> the pairs it lets through (_masked_attrs)
+    mask_keys: dict = {}  # node -> what it computes (_structure)
     nodes: list[NodeReport] = []
     uncounted: Counter = Counter()
     kept: set[str] = set()
@@ -370,7 +360,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
             source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
             aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
-            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks), **_placement_attrs(node)},
+            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks, mask_keys), **_placement_attrs(node)},
         ))
         kept.add(node.name)
         node_stacks.append(stack)

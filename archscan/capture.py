@@ -48,7 +48,8 @@ from .loading import InputSpec, ModelTarget
 from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values, output_tensors,
                         python_stack, quiet, shape_str, source_of)
 
-__all__ = ["Captured", "NodeCosts", "Observer", "capture", "capture_context", "module_stack", "source_of", "trace_export", "trace_fx"]
+__all__ = ["Captured", "NodeCosts", "Observer", "between_products", "capture", "capture_context", "module_stack", "source_of",
+           "trace_export", "trace_fx"]
 
 
 @dataclass
@@ -390,10 +391,15 @@ def writes_attention(gm: torch.fx.GraphModule, hops: int = 6) -> bool:
     in an attention written by hand? The attention rewrite (``archscan.transform.attention``)
     matches export's ops, so such a model is captured by export: what the scan says of its
     attention is what ``archscan fuse`` then does."""
-    def reaches(node: torch.fx.Node, step, left: int) -> bool:
-        return any(n.target in _PRODUCTS or (left > 1 and reaches(n, step, left - 1)) for n in step(node))
-    return any(n.target in _SOFTMAXES and reaches(n, lambda m: m.all_input_nodes, hops)
-               and reaches(n, lambda m: list(m.users), hops) for n in gm.graph.nodes)
+    return any(n.target in _SOFTMAXES and between_products(n, _PRODUCTS, hops) for n in gm.graph.nodes)
+
+
+def between_products(node: torch.fx.Node, products, hops: int) -> bool:
+    """Does one of ``products`` (op targets) feed ``node`` and another read what it gives, each
+    within ``hops`` ops?"""
+    def reaches(n: torch.fx.Node, step, left: int) -> bool:
+        return any(m.target in products or (left > 1 and reaches(m, step, left - 1)) for m in step(n))
+    return reaches(node, lambda m: m.all_input_nodes, hops) and reaches(node, lambda m: list(m.users), hops)
 
 
 _MODULE_OWN = frozenset(vars(nn.Module()))  # what torch keeps on every module: parameters, hooks, mode

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
@@ -627,14 +627,18 @@ def causal_pairs(queries: int, keys: int) -> int:
     return full * (full + 1) // 2 + max(queries - keys, 0) * keys
 
 
+def bound_arguments(func, args: Sequence, kwargs: dict) -> dict:
+    """An aten op's arguments by their schema's names (those given; {} for a target without a schema)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return {}
+    return {**dict(zip((a.name for a in schema.arguments), args)), **kwargs}
+
+
 def _causal_attrs(func, args: tuple, kwargs: dict, flops: int) -> dict:
     """``{"causal": True, "executed_flops"}`` for attention run with ``is_causal``: the multiply-adds
     of the query-key pairs the mask leaves (the dense count stays ``flops``); {} otherwise."""
-    try:
-        names = [a.name for a in func._schema.arguments]
-    except AttributeError:
-        return {}
-    bound = {**dict(zip(names, args)), **kwargs}
+    bound = bound_arguments(func, args, kwargs)
     q, k = bound.get("query"), bound.get("key")
     if not bound.get("is_causal") or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         return {}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from ..capture import between_products
 from .fold import module_path
 
 aten = torch.ops.aten
@@ -248,17 +249,6 @@ def unmatched(gm: torch.fx.GraphModule) -> tuple[tuple[str, str], ...]:
     out = []
     for sm in [n for n in gm.graph.nodes if _op(n, *_SOFTMAXES)]:
         why = _match_or_why(sm)
-        if isinstance(why, str) and _between_matmuls(sm):
+        if isinstance(why, str) and between_products(sm, _MATMULS, 4):
             out.append((module_path(sm), why))
     return tuple(out)
-
-
-def _between_matmuls(sm: torch.fx.Node, hops: int = 4) -> bool:
-    """Does a matrix product feed ``sm`` and another read what it gives, within a few ops?"""
-    def reaches(node, step, hops) -> bool:
-        for n in step(node):
-            if _op(n, *_MATMULS) or (hops > 1 and reaches(n, step, hops - 1)):
-                return True
-        return False
-    return (reaches(sm, lambda n: [a for a in n.all_input_nodes], hops)
-            and reaches(sm, lambda n: list(n.users), hops))
