@@ -331,6 +331,9 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     uncounted: Counter = Counter()
     kept: set[str] = set()
     node_stacks: list[list[tuple[str, str]]] = []
+    # a recording's nodes share one module stack per stretch of ops, and many a source line
+    stacks: dict[int, list[tuple[str, str]]] = {}
+    sources: dict[str, str | None] = {}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -343,7 +346,12 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         for c in costs.ops:
             if not c.counted:
                 uncounted[c.op] += 1
-        stack = module_stack(node)
+        meta_stack = node.meta.get("nn_module_stack")
+        stack = stacks.get(id(meta_stack)) if meta_stack else None
+        if stack is None:
+            stack = module_stack(node)
+            if meta_stack:
+                stacks[id(meta_stack)] = stack
         if node.op == "call_module" and (not stack or stack[-1][0] != node.target):
             sub = gm.get_submodule(node.target)
             stack = stack + [(node.target, type(sub).__name__)]
@@ -358,7 +366,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
             params=params, out_shape=costs.out_shape,
             dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
-            source=source_of(node), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
+            source=_source(node, sources), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
             aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
             attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks, mask_keys), **_placement_attrs(node)},
         ))
@@ -388,6 +396,14 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
         memory=_memory(captured, specs, dtype) if memory else None,
     )
+
+
+def _source(node: torch.fx.Node, seen: dict[str, str | None]) -> str | None:
+    """``source_of(node)``, read once per distinct stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    if trace not in seen:
+        seen[trace] = source_of(node)
+    return seen[trace]
 
 
 def _memory(captured: Captured, specs: Sequence[InputSpec], dtype) -> dict | None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .analysis import analysis, check_rules
-from .capture import seeded_rng
+from .capture import collector_paused, seeded_rng
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
 from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
@@ -93,7 +93,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
     try:
-        with seeded_rng():
+        with seeded_rng(), collector_paused():
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
                            recommend, train, budget, what_ifs, decode, decode_on)
             return report

@@ -5,9 +5,10 @@ Three ways; the report names the one used, tried in this order:
 * ``fx``: ``torch.fx`` symbolic tracing (module-level graph, leaf modules kept whole).
 * ``eager``: when fx fails, one forward pass under a ``TorchDispatchMode`` that records every
   aten op with its module (the way ``torch.utils.flop_counter.FlopCounterMode`` attributes
-  FLOPs); the graph is rebuilt from tensor identity. On fake tensors when the model does not
-  read values; for real, on seeded random inputs, when it does (``if x.mean() > 0``,
-  ``.item()``, and export failed too): then it covers the path taken for those values.
+  FLOPs); the graph is rebuilt from tensor identity. Without the weights' values when the model
+  does not read values (in a direct run, ``_record_direct``, else on fake tensors); for real, on
+  seeded random inputs, when it does (``if x.mean() > 0``, ``.item()``, and export failed too):
+  then it covers the path taken for those values.
 * ``export``: ``torch.export.export(strict=False)``, aten-level graph with the module stack
   kept, in place of the recording when the recording holds an attention written by hand (a
   softmax between two matrix products: ``writes_attention``), whose SDPA rewrite matches
@@ -16,14 +17,17 @@ Three ways; the report names the one used, tried in this order:
   costs; export traces the same code several times slower (HF Mamba-130m at 64 tokens: about
   6 s against 22 s).
 
-Everything but a real eager run works on fake tensors (``FakeTensorMode``): no weights are
-allocated and nothing is computed, so a 70B-parameter model is analysed in seconds on a laptop.
+Everything but a real eager run works without weights: in a direct run (``archscan.direct``:
+weights on the meta device, CPU activations, matrix products by shape) where it gives the same
+answer cheaply, else on fake tensors (``FakeTensorMode``): no weights are allocated and nothing
+large is computed, so a 70B-parameter model is analysed in seconds on a laptop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import math
 import sys
@@ -283,11 +287,11 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = ()) -> Captured:
     """Capture and cost a model (see module docstring).
 
-    ``auto`` tries fx, then (when fx fails) one forward pass on fake tensors, recorded, then
-    export when the recording holds an attention written by hand or could not run. When neither
-    runs without tensor values, the model runs once for real, after a check that its weights
-    fit in memory. ``eager`` records on fake tensors too, and runs for real only when the model
-    needs values.
+    ``auto`` tries fx, then (when fx fails) one forward pass recorded (in a direct run, else on
+    fake tensors), then export when the recording holds an attention written by hand or could
+    not run. When neither runs without tensor values, the model runs once for real, after a
+    check that its weights fit in memory. ``eager`` records the same way, and runs for real only
+    when the model needs values.
 
     Args:
         target: the resolved model.
@@ -304,13 +308,20 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
              method: str, observers: Sequence[Observer] = ()) -> Captured:
-    meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx") and _direct_allowed(target, specs, dtype) else None
+    meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx", "eager") and _direct_allowed(target, specs, dtype) \
+        else None
     hooks = strip_user_hooks(meta) if meta is not None else None
+    failures: dict[str, str] = {}
+    direct_recording = None
     if meta is not None:
-        captured = _try_direct(meta, specs, hooks, observers)
+        captured = _try_direct(meta, specs, hooks, observers, failures) if method != "eager" else None
         if captured is not None:
             return captured
-    failures: dict[str, str] = {}
+        if method == "eager" or (method == "auto" and "fx" in failures):
+            direct_recording = _record_direct(meta, specs, observers, target.source_file, failures, hooks)
+        if direct_recording is not None and (method == "eager" or not writes_attention(direct_recording.gm)):
+            direct_recording.notes[:0] = _notes(failures)
+            return direct_recording
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = build_fake(target, kwargs, dtype, fake_mode, specs, meta=meta)  # the constructor runs once
     hooks = strip_user_hooks(model) if hooks is None else hooks
@@ -335,7 +346,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         if gm is not None:
             return captured(gm, "fx")
     recording = None
-    if method in ("auto", "eager"):
+    if method in ("auto", "eager") and direct_recording is None:
         watcher = SyncWatcher()
         riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
         try:
@@ -350,9 +361,8 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
                 raise  # the model fails on these inputs: a real run would fail the same way
             why = f"the model needs tensor values{at(exc.__cause__, target.source_file)}: {short(exc.__cause__)}"
             failures["eager on fake tensors"] = why
-    eager_note = ["eager capture: one forward pass recorded on fake tensors (no values needed, nothing computed)"]
     if recording is not None and (method == "eager" or not writes_attention(recording)):
-        return captured(recording, "eager", eager_note, watcher.records())
+        return captured(recording, "eager", _EAGER_NOTE, watcher.records())
     if method in ("auto", "export"):
         syncs = SyncWatcher()
         gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, syncs)
@@ -361,8 +371,11 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     if method in ("fx", "export"):
         raise CaptureError(f"--capture {method} failed: {failures.get(method, 'not tried')}",
                            hint="use --capture auto to let archscan fall back to another capture")
-    if recording is not None:  # export could not take the model the recording took
-        return captured(recording, "eager", eager_note, watcher.records())
+    if direct_recording is not None:  # export could not take the model the recording took
+        direct_recording.notes[:0] = _notes(failures)
+        return direct_recording
+    if recording is not None:
+        return captured(recording, "eager", _EAGER_NOTE, watcher.records())
     # the model reads tensor values: a real run on seeded random inputs, with real weights
     _check_real_fits(model, specs, dtype, failures)
     real = build_real(target, kwargs, dtype, specs)
@@ -444,16 +457,22 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
 
 
 def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
-                observers: Sequence[Observer] = ()) -> Captured | None:
+                observers: Sequence[Observer] = (), failures: dict | None = None) -> Captured | None:
     """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
-    the fake path then runs (and says what is wrong, if anything is)."""
+    the fake path then runs (and says what is wrong, if anything is). Why fx could not trace
+    the model goes in ``failures["fx"]``."""
     try:
         _check_arity(model, specs)
         call = make_call(specs, None)
-        with quiet():
-            gm = trace_fx(model, call)
     except Exception:
+        return None
+    try:
+        with quiet(), state_kept(model):  # tracing runs forward's Python (RWKV rescales its weights once)
+            gm = trace_fx(model, call)
+    except Exception as exc:
+        if failures is not None:
+            failures["fx"] = short(exc)
         return None
     if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
         return None
@@ -468,6 +487,41 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
+
+
+_EAGER_NOTE = ["eager capture: one forward pass recorded on fake tensors (no values needed, nothing computed)"]
+
+
+def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequence[Observer],
+                   source_file: str | None, failures: dict, hooks: list[str]) -> Captured | None:
+    """The eager recording (``capture_eager``) of a meta-device ``model`` in a direct run, with the
+    observers that ride it, or None where the fake recording must decide (a value read, a budget
+    spent, any failure: the direct run stops before an op whose result depends on values, and a
+    ``.tolist()`` it would let through is refused here). The caller puts the failures' line first
+    in its notes when it takes it.
+
+    The same ops in the same order as on fake tensors (fake tensors behave as the CPU kernels do),
+    without the fake tensors' cost: a model written as a Python loop of small ops (HF Mamba's CPU
+    path, 22,000 ops at 64 tokens) records in a third of the time."""
+    names, numel, weight_keys = _weight_maps(model)
+    call = make_call(specs, None)
+    with direct.Direct():  # a process's first op under a dispatch mode imports torch._dynamo (torch wraps
+        torch.zeros(())    # every mode's dispatch): here, not inside the model, whose frames it would keep alive
+    riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
+    watcher, gm = SyncWatcher(), None
+    try:
+        with watcher, state_kept(model):
+            gm = capture_eager(model, call, weight_keys, set(names), source_file, None,
+                               [direct.Direct(output_bytes=direct.RECORDING_OUTPUT_BYTES), *(m for _, m in riders)],
+                               home=torch.device("cpu"))
+    except Exception:
+        pass
+    observed = {o.key: o.result(mode, None, model) for o, mode in riders}  # each lets go of its hooks
+    if gm is None or watcher.calls:
+        return None
+    notes = ["eager capture: one forward pass recorded with the weights on the meta device "
+             "(no values needed, the matrix products not computed)", *_hook_notes(hooks)]
+    return Captured(gm, "eager", model, notes, names, numel, failures, False, (), observed=observed)
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
@@ -512,6 +566,24 @@ def seeded_rng():
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(0)
         yield
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while a scan runs, as it is for the whole of an
+    ``archscan`` command (``cli.entry``), and back on after. A recording makes a graph node and a
+    handful of containers per executed op, and the collector would walk that growing graph again
+    and again (HF Mamba-130m, 22,000 ops: 25% of the recording). Lifetimes are then the reference
+    counts' in the library as in the command: a tensor in a reference cycle stays live until the
+    scan ends, where it would otherwise die at an unpredictable moment."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @contextlib.contextmanager

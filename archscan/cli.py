@@ -713,8 +713,9 @@ def entry() -> None:
     collector stays off (it would walk torch's whole object graph on every threshold crossing while
     torch imports), and once its output is flushed the process ends without the interpreter's
     teardown (a final collection over torch's objects, every module cleared: ~0.1 s). Analysis
-    commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The library
-    (``archscan.scan``) leaves the caller's GC and modules alone."""
+    commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The library leaves the
+    caller's modules alone and pauses the collector only while ``archscan.scan`` runs
+    (``capture.collector_paused``)."""
     import gc
 
     global _CONSOLE

@@ -13,9 +13,14 @@ its weights stay on the meta device, and
 * view ops of weights stay on meta (no memory); any other op that reads a weight reads zeros of
   its layout on the CPU (``zeros_like_meta``: views of one zero buffer, no larger than
   ``MAX_WEIGHT_BYTES``);
+* the meta device stands for the CPU the fake path's tensors are on: a device argument naming
+  it (``torch.zeros(n, device=self.weight.device)``) names the CPU, and a move between the two
+  and nothing else (``x.to(self.weight.device)``, ``w.to(x.device)``) returns its input, as
+  ``Tensor.to`` does on fake tensors without an op (the recorder skips it); only weights and
+  their views stay on the meta device;
 * everything else runs on the CPU as it would, within ``MACS`` multiply-adds of convolution and
   attention (estimated from the input shapes before the op runs), ``OUTPUT_BYTES`` of tensors
-  made and ``SECONDS``.
+  made and ``SECONDS`` spent in the kernels.
 
 Recording modes above ``Direct`` see the op as the model called it (weights as the model's own
 meta tensors, activations with their shapes and layouts), so the counts are those of fake CPU
@@ -43,7 +48,11 @@ aten = torch.ops.aten
 MACS = 20e9                     # multiply-adds of the convolution and attention it computes (~0.3 s, 2 cores)
 MAX_WEIGHT_BYTES = 1 << 30      # the largest weight it reads as zeros
 OUTPUT_BYTES = 512 << 20        # the bytes of the tensors its ops make (ResNet-50 at batch 1: 145 MiB; ViT-L/16: 391 MiB)
-SECONDS = 2.0                   # and the time it may take, whatever the estimates said (a backstop: the budgets above come first)
+SECONDS = 2.0                   # and the time its kernels may take, whatever the estimates said (a backstop: the budgets above come first)
+# the eager recording's run (archscan.capture): a model written as a Python loop over small ops
+# (Mamba's CPU path: 22,000 ops at 64 tokens) makes more bytes over the run than a graph of
+# large ops, and holds few of them at once; its recording saves ~150 us an op over fake tensors
+RECORDING_OUTPUT_BYTES = 4 << 30
 
 _VALUES = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 
@@ -141,6 +150,7 @@ _ESTIMATES = {
 }
 
 
+_CPU = torch.device("cpu")
 _KINDS: dict = {}  # op -> "values", "shape", "view" or "other"
 
 
@@ -153,14 +163,15 @@ def _kind(func) -> str:
 class Direct(TorchDispatchMode):
     """The direct run (see the module docstring); enter it beneath the modes that record."""
 
-    def __init__(self, macs: float | None = None, seconds: float | None = None):
+    def __init__(self, macs: float | None = None, seconds: float | None = None, output_bytes: int | None = None):
         super().__init__()
         self.macs_left = MACS if macs is None else macs
-        self.bytes_left = OUTPUT_BYTES
-        self.deadline = time.perf_counter() + (SECONDS if seconds is None else seconds)
+        self.bytes_left = OUTPUT_BYTES if output_bytes is None else output_bytes
+        self.seconds_left = SECONDS if seconds is None else seconds
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        given = args
         try:
             done, args, kwargs = self._prepare(func, args, kwargs)
         except Stop:
@@ -169,9 +180,15 @@ class Direct(TorchDispatchMode):
             raise Stop(f"{func}: {type(exc).__name__}: {exc}") from exc
         if done is not None:
             return done
+        start = time.perf_counter()
         out = func(*args, **kwargs)
+        self.seconds_left -= time.perf_counter() - start
         if not func.is_view:
             self._spend(sum(t.numel() * t.element_size() for t in tensors_in(out)))
+        if func._schema.is_mutable and isinstance(out, torch.Tensor) and args is not given:
+            # an in-place op on a weight (RWKV rescales its weights in forward) ran on private zeros;
+            # it returns the weight itself, as on fake tensors, so later reads see the op's result
+            out = next((g for g, a in zip(given, args) if a is out and g is not a), out)
         return out
 
     def _spend(self, nbytes: int) -> None:
@@ -188,8 +205,14 @@ class Direct(TorchDispatchMode):
             kind = _KINDS[func] = _kind(func)
         if kind == "values":
             raise Stop(f"{func} depends on tensor values")
-        if time.perf_counter() > self.deadline:
+        if self.seconds_left < 0:
             raise Stop("the direct run took too long")
+        if func is aten.lift_fresh.default:  # torch.tensor(...) in forward: fake tensors make a copy of their
+            return args[0].clone(), args, kwargs  # own, and the memory counts it as made in the run, as here
+        if func is aten._to_copy.default and _moves_only_between_meta_and_cpu(args, kwargs):
+            return args[0], args, kwargs  # fake tensors are on the CPU already: no copy, no op (OpRecorder)
+        if kwargs and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta":
+            kwargs = {**kwargs, "device": _CPU}
         if kind == "shape":
             out = _SHAPES[func](args, kwargs)
             if out is not None:
@@ -214,6 +237,23 @@ class Direct(TorchDispatchMode):
             if self.macs_left < 0:
                 raise Stop("more multiply-adds than a direct run computes")
         return None, args, kwargs
+
+
+def _moves_only_between_meta_and_cpu(args, kwargs) -> bool:
+    """Is this ``_to_copy`` a move between the meta device and the CPU and nothing else
+    (``w.to(x.device)``, ``x.to(self.weight.device)``)? On fake tensors, all on the CPU, the
+    same call changes nothing, and ``Tensor.to`` dispatches no op."""
+    if len(args) != 1 or not isinstance(args[0], torch.Tensor) or kwargs.get("device") is None \
+            or kwargs.get("pin_memory") or not set(kwargs) <= _TO_COPY_KWARGS:
+        return False
+    x = args[0]
+    if {x.device.type, torch.device(kwargs["device"]).type} != {"meta", "cpu"}:
+        return False
+    return kwargs.get("dtype") in (None, x.dtype) and kwargs.get("layout") in (None, x.layout) \
+        and kwargs.get("memory_format") in (None, torch.preserve_format)
+
+
+_TO_COPY_KWARGS = frozenset({"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"})
 
 
 def _on_cpu(value, zeros):

@@ -229,7 +229,16 @@ def _drop_none(d: dict) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
 
 
+_NODE_FIELDS = tuple(f.name for f in dataclasses.fields(NodeReport))
+
+
 def _node_json(n: NodeReport) -> dict:
-    d = _drop_none(asdict(n))
+    """``_drop_none(asdict(n))`` without ``asdict``'s deep copy (the fields are flat; the
+    attributes are copied one level, as JSON needs): a recording has one node per op."""
+    d = {}
+    for name in _NODE_FIELDS:
+        v = getattr(n, name)
+        if v is not None:
+            d[name] = list(v) if isinstance(v, tuple) else v
     d["attrs"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in n.attrs.items()}
     return d

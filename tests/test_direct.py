@@ -44,8 +44,10 @@ def _fake_only(monkeypatch):
     monkeypatch.setattr(direct, "MACS", 0)  # _direct_allowed is False: the fake path from the start
 
 
-def _json(report) -> str:
+def _json(report, notes: bool = True) -> str:
     data = report.to_json()
+    if not notes:  # the capture's own line says how it ran
+        data["capture_notes"] = [n for n in data["capture_notes"] if "one forward pass recorded" not in n]
     # the memory timeline steps through the ops of the forward as it runs: nn.MultiheadAttention
     # takes its composite path op by op differently on CPU activations and on fake tensors (the
     # same tensors live at the peak, the same peak and breakdown, compared with the rest)
@@ -254,3 +256,123 @@ def test_direct_run_leaves_the_meta_model_untouched():
     captured = capture.capture(target, specs)
     assert captured.kind == "fx" and captured.fake
     assert all(t.is_meta for t in [*captured.model.parameters(), *captured.model.buffers()])
+
+
+# --- the eager recording in a direct run ------------------------------------------------------------
+
+MODELS = os.path.join(ROOT, "tests", "models")
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Which captures the recording in a direct run answered (True) or gave to the fake path."""
+    seen: list[bool] = []
+    original = capture._record_direct
+
+    def wrapped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out is not None)
+        return out
+
+    monkeypatch.setattr(capture, "_record_direct", wrapped)
+    return seen
+
+
+def _hf(name: str):
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=128)
+    configs = {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, **small)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            **small)),
+        "mistral_window": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            sliding_window=4, **small)),
+        "bart": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(
+            d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, **small)),
+        "mamba": lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
+            hidden_size=64, num_hidden_layers=2, state_size=8, **small)),
+        "rwkv": lambda: transformers.RwkvForCausalLM(transformers.RwkvConfig(
+            hidden_size=64, num_hidden_layers=2, context_length=64, **small)),
+    }
+    return configs[name]
+
+
+RECORDED = [  # models fx cannot trace: (target, inputs)
+    (f"{MODELS}/toy.py:ShapeBranch", ["1,3,16,16"]),
+    (f"{MODELS}/hf_like.py:CacheDecoder", ["2,16:int64"]),
+    (f"{MODELS}/hf_like.py:CacheEncoderDecoder", ["2,16:int64"]),
+    (f"{MODELS}/new_users.py:SlidingWindowAttention", ["2,16,32"]),
+    (f"{MODELS}/new_users.py:WideKeyAttention", ["2,16,32"]),
+    (f"{MODELS}/new_users.py:DeviceArguments", ["2,8"]),
+] + [(name, ["2,16:int64"]) for name in ("gpt2", "llama", "mistral_window", "mamba", "rwkv", "bart")]
+GIVES_WAY = {"bart"}  # reads a constant's value (.item()), which fake tensors give and a direct run does not
+
+
+@pytest.mark.parametrize("target, inputs", RECORDED, ids=[t.rpartition(":")[2] for t, _ in RECORDED])
+def test_recordings_in_a_direct_run_equal_the_fake_recording(target, inputs, recorded, monkeypatch):
+    """The recording with the weights on the meta device gives the fake path's whole report
+    (nodes, memory, findings, recommendations): the same ops in the same order, moves between the
+    meta device and the CPU being no ops, as on fake tensors. Where it gives way, the report is
+    the fake path's."""
+    model = target if ":" in target else _hf(target)
+    report = archscan.scan(model, inputs, profile=False)
+    assert recorded == [target not in GIVES_WAY]
+    assert any("weights on the meta device" in n for n in report.capture_notes) == (target not in GIVES_WAY)
+    _fake_only(monkeypatch)
+    fake = archscan.scan(model if ":" in target else _hf(target), inputs, profile=False)
+    assert any("on fake tensors" in n for n in fake.capture_notes)
+    assert _json(report, notes=False) == _json(fake, notes=False)
+
+
+def test_moves_to_the_weights_device_are_no_ops(recorded):
+    """``x.to(self.weight.device)`` and ``w.to(x.device)`` change nothing on fake tensors: no
+    op, no device-move finding, no copy's memory; a cast beside a move stays a cast."""
+    report = archscan.scan(f"{MODELS}/new_users.py:DeviceArguments", ["2,8"], profile=False)
+    assert recorded == [True]
+    assert [n.aten_ops for n in report.nodes if "_to_copy" in n.op] == [("aten._to_copy.default",)] * 2  # half, float
+    assert not [f for f in report.findings if f.rule == "host-tensor"]
+    assert not any(n.attrs.get("device_move") for n in report.nodes)
+
+
+class _ToList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.shape[0] != 2:  # keeps torch.fx out
+            raise ValueError("batch of 2")
+        return self.fc(x) * len(x[:, 0].tolist())  # reads values without an op the direct run could stop
+
+
+class _Item(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.shape[0] != 2:
+            raise ValueError("batch of 2")
+        return self.fc(x) * x.abs().max().item()
+
+
+@pytest.mark.parametrize("cls", [_ToList, _Item])
+def test_recordings_that_read_values_take_the_fake_path(cls, recorded, monkeypatch):
+    """A value read in forward (``.tolist()``, which dispatches no op, or ``.item()``) is not
+    taken from a direct run's zeros: the fake path decides (here: a real run), as without it."""
+    report = archscan.scan(ModelTarget(cls.__name__, cls), "2,8", profile=False, recommend=False)
+    assert recorded == [False]
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan(ModelTarget(cls.__name__, cls), "2,8", profile=False, recommend=False))
+
+
+def test_a_recording_over_its_byte_budget_gives_way(recorded, monkeypatch):
+    monkeypatch.setattr(direct, "RECORDING_OUTPUT_BYTES", 1024)
+    target = f"{MODELS}/toy.py:ShapeBranch"
+    report = archscan.scan(target, ["1,3,16,16"], profile=False, recommend=False)
+    assert recorded == [False] and any("on fake tensors" in n for n in report.capture_notes)
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan(target, ["1,3,16,16"], profile=False, recommend=False))

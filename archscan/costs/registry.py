@@ -509,8 +509,16 @@ def _tensors(tree) -> list[torch.Tensor]:
     if isinstance(tree, torch.Tensor):
         return [tree]
     out: list[torch.Tensor] = []
-    if type(tree) is tuple and all(type(x) is not tuple and type(x) is not list and type(x) is not dict for x in tree):
-        return [x for x in tree if isinstance(x, torch.Tensor)]  # a flat tuple: most ops' args and outputs
+    if type(tree) is tuple:  # a flat tuple: most ops' args and outputs
+        for x in tree:
+            kind = type(x)
+            if kind is tuple or kind is list or kind is dict:
+                out.clear()
+                break
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+        else:
+            return out
     stack = [tree]
     while stack:
         x = stack.pop()

@@ -1,8 +1,8 @@
 """Peak memory by tensor lifetime: which bytes are live at each moment of a run, on fake tensors.
 
 A tensor's bytes are its storage's: they become live when the op that makes a new storage
-returns and stop being live when nothing holds the storage any more (a ``weakref.finalize`` on
-the storage fires: the last view, the autograd graph's saved tensor, the optimizer's state and
+returns and stop being live when nothing holds the storage any more (a weak reference's callback
+on the storage fires: the last view, the autograd graph's saved tensor, the optimizer's state and
 the Python variable are all gone). Views and in-place ops make no new storage. That is what the
 allocator must hold, so the peak is comparable with the CPU allocator's events under
 ``torch.profiler.profile(profile_memory=True)`` (tests/test_memory.py). The CUDA caching
@@ -88,7 +88,7 @@ class MemoryTracker(TorchDispatchMode):
         self._peak_at = 0  # the log's length at the peak
         self.called_at: dict[str, str | None] = {}  # module path -> the model's line that first called it
         self.phase_peaks: dict[str, int] = {}        # phase -> its highest live bytes
-        self._finalizers: list[weakref.finalize] = []
+        self._watches: list[weakref.ref] = []  # one per storage made: its callback frees it
         self.hooks: list | None = None  # module hooks that tell it ``where`` (``module_hooks``), where a run has them
 
     # --- storages -------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ class MemoryTracker(TorchDispatchMode):
         self.live[key] = record
         self.log.append((True, record, self.ops, phase))
         self.bytes += nbytes
-        self._finalizers.append(weakref.finalize(storage, self._free, key))
+        self._watches.append(weakref.ref(storage, lambda _, key=key: self._free(key)))
         return True
 
     def _free(self, key: int) -> None:
@@ -204,23 +204,22 @@ class MemoryTracker(TorchDispatchMode):
         moment it is made), replayed from the log; at most ``points`` entries, each the highest
         moment of its stretch of the log (so the peak is always in it). ``op`` counts the ops that
         allocated so far."""
-        moments, live, by_category = [], 0, dict.fromkeys(CATEGORIES, 0)
-        for made, record, ops, phase in self.log:
-            sign = 1 if made else -1
-            live += sign * record.nbytes
-            by_category[record.category] += sign * record.nbytes
+        moments, live = [], 0  # (bytes live, ops so far, phase, index in the log)
+        for i, (made, record, ops, phase) in enumerate(self.log):
+            live += record.nbytes if made else -record.nbytes
             if phase != "before":
-                moments.append((live, ops, phase, dict(by_category)))
+                moments.append((live, ops, phase, i))
         step = max(1, -(-len(moments) // points))
-        out = []
-        for i in range(0, len(moments), step):
-            live, ops, phase, categories = max(moments[i:i + step], key=lambda m: m[0])
+        out, by_category, replayed = [], dict.fromkeys(CATEGORIES, 0), 0
+        for start in range(0, len(moments), step):  # the categories replayed up to each chosen moment only
+            live, ops, phase, index = max(moments[start:start + step], key=lambda m: m[0])
+            for made, record, _, _ in self.log[replayed:index + 1]:
+                by_category[record.category] += record.nbytes if made else -record.nbytes
+            replayed = index + 1
             out.append({"op": ops, "bytes": live, "phase": phase,
-                        "by_category": {k: v for k, v in categories.items() if v}})
+                        "by_category": {k: v for k, v in by_category.items() if v}})
         return out
 
     def close(self) -> None:
-        """Stop following the storages (their finalizers would outlive the run)."""
-        for f in self._finalizers:
-            f.detach()
-        self._finalizers.clear()
+        """Stop following the storages (a weak reference dropped calls nothing back)."""
+        self._watches.clear()

@@ -112,6 +112,24 @@ class Casts(nn.Module):
         return y.to(torch.float32) + y.float() + freq
 
 
+class DeviceArguments(nn.Module):
+    """Tensors made on, and moved to, the weights' device in forward (Hugging Face's rotary and
+    cache code), beside a dtype cast of a buffer; the shape check keeps torch.fx out."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("inv_freq", torch.ones(8), persistent=False)
+
+    def forward(self, x):
+        if x.shape[-1] != 8:
+            raise ValueError("expected 8 features")
+        bias = torch.zeros(8, device=self.proj.weight.device)
+        freq = self.inv_freq[None, :].to(x.device)
+        half = self.inv_freq.to(device=x.device, dtype=torch.float16).float()
+        return self.proj(x.to(self.proj.weight.device)) + bias + freq + half
+
+
 class OptionalPath(nn.Module):
     """A mask token used only when a mask is given (DINOv2's, Longformer's global attention)."""
 
