@@ -130,7 +130,7 @@ def scan_cmd(
     data = report.to_json() if report_path or markdown or as_json else None
     _write_reports(report_path, markdown, data)
     if as_json:
-        typer.echo(json.dumps(data, indent=1))
+        typer.echo(report_json_text(data))
     else:
         from .report.text import render_text, terminal_width
 
@@ -430,6 +430,21 @@ def _check_report_paths(html_path: str | None, markdown_path: str | None, snapsh
         if importlib.util.find_spec("matplotlib") is None:
             raise ArchscanError("--report draws its plots with matplotlib, which is not installed",
                                 hint="pip install matplotlib (or pip install 'archscan[plots]')")
+
+
+def report_json_text(data: dict) -> str:
+    """A report as ``--json`` prints it: as ``json.dumps(data, indent=1)`` would, except each row
+    of ``nodes`` and ``modules`` on one line of its own. A recording has a node per executed op,
+    and json's indenting encoder is pure Python (HF Mamba-130m's 22,000 nodes: 0.35 s; a line
+    each through its C encoder: 0.1 s)."""
+    parts = []
+    for key, value in data.items():
+        if key in ("nodes", "modules") and value:
+            text = "[\n  " + ",\n  ".join(json.dumps(row) for row in value) + "\n ]"
+        else:
+            text = json.dumps(value, indent=1).replace("\n", "\n ")
+        parts.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}"
 
 
 def _write_reports(html_path: str | None, markdown_path: str | None, data: dict, reports: list[dict] | None = None) -> None:
