@@ -23,16 +23,28 @@ from .loading import InputSpec, ModelTarget
 from .recording import quiet
 
 
-def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
-    """A copy of a user's module whose tensors are fake; the original is left untouched."""
+def _copy_with(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """A copy of a user's module whose parameters and buffers (and the tensors autograd derived
+    from them) are ``convert(t)``; the original is left untouched."""
     memo: dict[int, Any] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in memo:
-            fake = fake_mode.from_tensor(t.detach())
-            memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
+            new = convert(t.detach())
+            memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
     with warnings.catch_warnings():  # an exported program's tree specs warn about their own deprecations
         warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: fake_mode.from_tensor(t.detach())))
+        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: convert(t.detach())))
+
+
+def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
+    """A copy of a user's module whose tensors are fake; the original is left untouched."""
+    return _copy_with(model, fake_mode.from_tensor)
+
+
+def meta_instance(model: nn.Module) -> nn.Module:
+    """A copy of a user's module with its weights on the meta device, sizes, strides and dtypes
+    kept (for a direct run); the original is left untouched."""
+    return _copy_with(model, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
 
 
 def derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:
@@ -131,7 +143,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     if meta is not None:
         return _prepare(_meta_to_fake(meta, fake_mode), dtype, fake_mode)
     if target.instance is not None:
-        if _has_lazy(target.instance):
+        if has_lazy(target.instance):
             return _prepare(_fakeify(build_real(target, kwargs, None, specs), fake_mode), dtype, fake_mode)
         return _prepare(_fake_copy(target.instance, fake_mode), dtype, fake_mode)
     try:
@@ -187,14 +199,14 @@ def build_real(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None,
     return model
 
 
-def _has_lazy(model: nn.Module) -> bool:
+def has_lazy(model: nn.Module) -> bool:
     return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in model.modules())
 
 
 def _materialize_lazy(model: nn.Module, specs: Sequence[InputSpec], device: torch.device) -> None:
     """Lazy modules learn their weights' shapes in their first forward: run one (on meta tensors
     when building without weights)."""
-    if not _has_lazy(model):
+    if not has_lazy(model):
         return
     lazy = [name or type(m).__name__ for name, m in model.named_modules()
             if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]

@@ -40,8 +40,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import direct
-from .building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, make_call, on_meta,
-                       strip_user_hooks)
+from .building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
+                       meta_instance, on_meta, strip_user_hooks)
 from .costs import storage_key
 from .devices import short_of
 from .eager import capture_eager
@@ -314,11 +314,12 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     failures: dict[str, str] = {}
     direct_recording = None
     if meta is not None:
-        captured = _try_direct(meta, specs, hooks, observers, failures) if method != "eager" else None
+        training = _was_training(target)
+        captured = _try_direct(meta, specs, hooks, observers, failures, training) if method != "eager" else None
         if captured is not None:
             return captured
         if method == "eager" or (method == "auto" and "fx" in failures):
-            direct_recording = _record_direct(meta, specs, observers, target.source_file, failures, hooks)
+            direct_recording = _record_direct(meta, specs, observers, target.source_file, failures, hooks, training)
         if direct_recording is not None and (method == "eager" or not writes_attention(direct_recording.gm)):
             direct_recording.notes[:0] = _notes(failures)
             return direct_recording
@@ -441,23 +442,29 @@ def state_kept(model: nn.Module):
 
 
 def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
-    """A direct run (``archscan.direct``) is tried for a model archscan builds itself (not an
-    instance or a program: those are copied as they are), in float32, on float32 or integer inputs."""
-    return (direct.MACS > 0 and target.instance is None and not target.program and dtype in (None, torch.float32)
-            and all(s.dtype in (torch.float32, torch.int64, torch.int32) for s in specs))
+    """A direct run (``archscan.direct``) is tried for a model archscan builds itself, or an
+    instance whose floating-point weights are float32 (copied with them on the meta device; lazy
+    modules need a real first forward), not for a program; in float32, on float32 or integer inputs."""
+    if direct.MACS <= 0 or target.program or dtype not in (None, torch.float32) \
+            or not all(s.dtype in (torch.float32, torch.int64, torch.int32) for s in specs):
+        return False
+    model = target.instance
+    return model is None or (not has_lazy(model) and all(
+        t.dtype == torch.float32 for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()))
 
 
 def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -> nn.Module | None:
-    """The model built on the meta device for a direct run, or None (the fake path builds it)."""
+    """The model on the meta device for a direct run (built, or an instance copied), or None (the
+    fake path builds it)."""
     try:
-        model = build_meta(target, kwargs, specs).eval()
+        model = (meta_instance(target.instance) if target.instance is not None else build_meta(target, kwargs, specs)).eval()
     except Exception:
         return None
     return model if on_meta(model) else None
 
 
 def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
-                observers: Sequence[Observer] = (), failures: dict | None = None) -> Captured | None:
+                observers: Sequence[Observer] = (), failures: dict | None = None, training: bool = False) -> Captured | None:
     """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
     the fake path then runs (and says what is wrong, if anything is). Why fx could not trace
@@ -483,7 +490,7 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
     except Exception:  # the direct run's own limits (meta weights beside CPU inputs: an RNN's fused kernel
         return None    # refuses them) are not the model's: the fake path decides, and names a real input error
     observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
-    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, False, (), observed=observed)
+    return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, training, (), observed=observed)
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})
@@ -493,7 +500,7 @@ _EAGER_NOTE = ["eager capture: one forward pass recorded on fake tensors (no val
 
 
 def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequence[Observer],
-                   source_file: str | None, failures: dict, hooks: list[str]) -> Captured | None:
+                   source_file: str | None, failures: dict, hooks: list[str], training: bool = False) -> Captured | None:
     """The eager recording (``capture_eager``) of a meta-device ``model`` in a direct run, with the
     observers that ride it, or None where the fake recording must decide (a value read, a budget
     spent, any failure: the direct run stops before an op whose result depends on values, and a
@@ -521,7 +528,7 @@ def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequ
         return None
     notes = ["eager capture: one forward pass recorded with the weights on the meta device "
              "(no values needed, the matrix products not computed)", *_hook_notes(hooks)]
-    return Captured(gm, "eager", model, notes, names, numel, failures, False, (), observed=observed)
+    return Captured(gm, "eager", model, notes, names, numel, failures, training, (), observed=observed)
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,

@@ -376,3 +376,34 @@ def test_a_recording_over_its_byte_budget_gives_way(recorded, monkeypatch):
     assert recorded == [False] and any("on fake tensors" in n for n in report.capture_notes)
     _fake_only(monkeypatch)
     assert _json(report) == _json(archscan.scan(target, ["1,3,16,16"], profile=False, recommend=False))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "vit_tiny", "llama_tiny"])
+def test_instances_take_the_direct_run_with_the_fake_paths_report(name, spy, monkeypatch):
+    """A module handed over built (``archscan.scan(model, ...)``) is copied with its weights on
+    the meta device and captured in a direct run, with the fake path's whole report; its own
+    weights and mode are left as they were."""
+    inputs = list(zoo.get_entry(name).default_input)
+    model = resolve_target("zoo:" + name).build({})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = archscan.scan(model, inputs, profile=False, recommend=False)
+    assert spy == [True] and model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    _fake_only(monkeypatch)
+    assert _json(report) == _json(archscan.scan(model, inputs, profile=False, recommend=False))
+
+
+def test_instances_in_other_dtypes_or_with_lazy_modules_take_the_fake_path(spy):
+    half = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
+    lazy = nn.Sequential(nn.LazyLinear(8))
+    archscan.scan(half, "2,8", dtype="bf16", profile=False, recommend=False)
+    archscan.scan(lazy, "2,8", profile=False, recommend=False)
+    assert spy == []  # no direct run was tried
+
+
+def test_a_recorded_instance_equals_the_fake_recording(recorded, monkeypatch):
+    model = _hf("mamba")().eval()
+    report = archscan.scan(model, ["2,16:int64"], profile=False)
+    assert recorded == [True]
+    _fake_only(monkeypatch)
+    assert _json(report, notes=False) == _json(archscan.scan(model, ["2,16:int64"], profile=False), notes=False)
