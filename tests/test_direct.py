@@ -25,19 +25,24 @@ BIG = {"llama3_70b", "llama2_7b", "llama3_8b", "vit_h_14", "vit_l_16"}
 aten = torch.ops.aten
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """Which captures the direct run answered (True) or gave to the fake path (False)."""
+def _answered(monkeypatch, name: str) -> list[bool]:
+    """Which calls of ``capture.<name>`` gave a capture (True) or gave way (False)."""
     seen: list[bool] = []
-    original = capture._try_direct
+    original = getattr(capture, name)
 
     def wrapped(*args, **kwargs):
         out = original(*args, **kwargs)
         seen.append(out is not None)
         return out
 
-    monkeypatch.setattr(capture, "_try_direct", wrapped)
+    monkeypatch.setattr(capture, name, wrapped)
     return seen
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Which captures the direct run answered (True) or gave to the fake path (False)."""
+    return _answered(monkeypatch, "_try_direct")
 
 
 def _fake_only(monkeypatch):
@@ -266,16 +271,7 @@ MODELS = os.path.join(ROOT, "tests", "models")
 @pytest.fixture
 def recorded(monkeypatch):
     """Which captures the recording in a direct run answered (True) or gave to the fake path."""
-    seen: list[bool] = []
-    original = capture._record_direct
-
-    def wrapped(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out is not None)
-        return out
-
-    monkeypatch.setattr(capture, "_record_direct", wrapped)
-    return seen
+    return _answered(monkeypatch, "_record_direct")
 
 
 def _hf(name: str):
