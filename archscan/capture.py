@@ -443,14 +443,16 @@ def state_kept(model: nn.Module):
 
 def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
     """A direct run (``archscan.direct``) is tried for a model archscan builds itself, or an
-    instance whose floating-point weights are float32 (copied with them on the meta device; lazy
-    modules need a real first forward), not for a program; in float32, on float32 or integer inputs."""
+    instance on the CPU whose floating-point weights are float32 (copied with them on the meta
+    device; lazy modules need a real first forward), not for a program; in float32, on float32 or
+    integer inputs."""
     if direct.MACS <= 0 or target.program or dtype not in (None, torch.float32) \
             or not all(s.dtype in (torch.float32, torch.int64, torch.int32) for s in specs):
         return False
     model = target.instance
-    return model is None or (not has_lazy(model) and all(
-        t.dtype == torch.float32 for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()))
+    return model is None or (not has_lazy(model) and all(  # (a GPU model's fake copy picks GPU kernels)
+        t.device.type == "cpu" and (t.dtype == torch.float32 or not t.is_floating_point())
+        for t in [*model.parameters(), *model.buffers()]))
 
 
 def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -> nn.Module | None:

@@ -376,7 +376,7 @@ def test_a_recording_over_its_byte_budget_gives_way(recorded, monkeypatch):
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "vit_tiny", "llama_tiny"])
 def test_instances_take_the_direct_run_with_the_fake_paths_report(name, spy, monkeypatch):
-    """A module handed over built (``archscan.scan(model, ...)``) is copied with its weights on
+    """A module handed over built on the CPU (``archscan.scan(model, ...)``) is copied with its weights on
     the meta device and captured in a direct run, with the fake path's whole report; its own
     weights and mode are left as they were."""
     inputs = list(zoo.get_entry(name).default_input)
