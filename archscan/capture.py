@@ -348,16 +348,10 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
             return captured(gm, "fx")
     recording = None
     if method in ("auto", "eager") and direct_recording is None:
-        watcher = SyncWatcher()
-        riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
         try:
-            with watcher, state_kept(model):
-                recording = capture_eager(model, call, weight_keys, set(names), target.source_file, fake_mode,
-                                          [mode for _, mode in riders])
-            observed.update({o.key: o.result(mode, None, model) for o, mode in riders})
+            recording, watcher, found = _record(model, call, weight_keys, names, target.source_file, observers, fake_mode)
+            observed.update(found)
         except CaptureError as exc:
-            for o, mode in riders:
-                o.result(mode, None, model)  # lets go of what it holds (hooks)
             if not needs_values(exc.__cause__):
                 raise  # the model fails on these inputs: a real run would fail the same way
             why = f"the model needs tensor values{at(exc.__cause__, target.source_file)}: {short(exc.__cause__)}"
@@ -513,24 +507,35 @@ def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequ
     without the fake tensors' cost: a model written as a Python loop of small ops (HF Mamba's CPU
     path, 22,000 ops at 64 tokens) records in a third of the time."""
     names, numel, weight_keys = _weight_maps(model)
-    call = make_call(specs, None)
-    with direct.Direct():  # a process's first op under a dispatch mode imports torch._dynamo (torch wraps
-        torch.zeros(())    # every mode's dispatch): here, not inside the model, whose frames it would keep alive
-    riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
-    watcher, gm = SyncWatcher(), None
     try:
-        with watcher, state_kept(model):
-            gm = capture_eager(model, call, weight_keys, set(names), source_file, None,
-                               [direct.Direct(output_bytes=direct.RECORDING_OUTPUT_BYTES), *(m for _, m in riders)],
-                               home=torch.device("cpu"))
+        gm, watcher, observed = _record(model, make_call(specs, None), weight_keys, names, source_file, observers,
+                                        below=[direct.Direct(output_bytes=direct.RECORDING_OUTPUT_BYTES)],
+                                        home=torch.device("cpu"))
     except Exception:
-        pass
-    observed = {o.key: o.result(mode, None, model) for o, mode in riders}  # each lets go of its hooks
-    if gm is None or watcher.calls:
+        return None
+    if watcher.calls:
         return None
     notes = ["eager capture: one forward pass recorded with the weights on the meta device "
              "(no values needed, the matrix products not computed)", *_hook_notes(hooks)]
     return Captured(gm, "eager", model, notes, names, numel, failures, training, (), observed=observed)
+
+
+def _record(model: nn.Module, call: Call, weight_keys, names, source_file: str | None, observers: Sequence[Observer],
+            fake_mode: FakeTensorMode | None = None, below: Sequence[Any] = (), home: torch.device | None = None
+            ) -> tuple[torch.fx.GraphModule, SyncWatcher, dict]:
+    """``capture_eager`` with the observers that ride it (``eager_mode``) above ``below`` and the
+    model's Python state given back after: (graph, the syncs it saw, what the observers found).
+    The observers let go of what they hold (hooks) whether or not the model ran; ``CaptureError``
+    as ``capture_eager`` raises it."""
+    riders = [(o, o.eager_mode(model, call.tensors())) for o in observers if hasattr(o, "eager_mode")]
+    watcher = SyncWatcher()
+    try:
+        with watcher, state_kept(model):
+            gm = capture_eager(model, call, weight_keys, set(names), source_file, fake_mode,
+                               [*below, *(mode for _, mode in riders)], home)
+    finally:
+        observed = {o.key: o.result(mode, None, model) for o, mode in riders}
+    return gm, watcher, observed
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
@@ -599,7 +604,13 @@ def collector_paused():
 def capture_context():
     """What every capture runs under: a seeded RNG (see ``seeded_rng``), fused fast paths off (see
     README "Capture": fx, export and eager then see the same ops), and the global module hooks
-    the user registered set aside (``building.global_hooks_set_aside``)."""
+    the user registered set aside (``building.global_hooks_set_aside``).
+
+    One op runs first under a dispatch mode: a process's first such op imports ``torch._dynamo``
+    (torch wraps every mode's dispatch), and inside a model's forward that import keeps its frames,
+    and the tensors they hold, alive (a memory peak off on the first scan of a process)."""
+    with direct.Direct():
+        torch.zeros(())
     fastpath = torch.backends.mha.get_fastpath_enabled()
     with seeded_rng(), global_hooks_set_aside():
         torch.backends.mha.set_fastpath_enabled(False)

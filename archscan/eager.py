@@ -26,7 +26,8 @@ from .graphmodule import graph_module
 from .recording import NodeCosts, OpRecorder, first_tensor, output_tensors, python_stack, quiet
 
 
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+_PLAIN_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = frozenset(_PLAIN_TYPES)  # the exact types, for the common case
 
 
 class _EagerGraphBuilder:
@@ -72,7 +73,7 @@ class _EagerGraphBuilder:
                     self.attr_nodes[k] = self.graph.get_attr(self.weights[k])
                 return self.attr_nodes[k]
             return f"<tensor {list(a.shape)}>"
-        if isinstance(a, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        if isinstance(a, _PLAIN_TYPES):  # their subclasses (an IntEnum)
             return a
         if isinstance(a, (list, tuple)):
             return type(a)(self._arg(x) for x in a)
