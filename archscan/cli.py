@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -125,7 +126,9 @@ def scan_cmd(
             if exc.report is None:
                 raise
             report, device_error = exc.report, exc  # the measurement failed; the static report stands
-    for warning in warnings + list(report.warnings):
+    if warnings:  # the profile's, in the report as a scan without --device puts them
+        report = dataclasses.replace(report, warnings=tuple(warnings) + tuple(report.warnings))
+    for warning in report.warnings:
         typer.echo(f"archscan: warning: {warning}", err=True)
     data = report.to_json() if report_path or markdown or as_json else None
     _write_reports(report_path, markdown, data)

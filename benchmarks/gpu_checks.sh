@@ -1,18 +1,35 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one run (e.g. on a lent device machine that already has torch):
-# install archscan without touching torch, run the CUDA tests, calibrate, measure fidelity and
-# reproduce the guideline tables; results land in reports/ (and $OUT when set).
-set -euo pipefail
+# Everything that needs a GPU, in one run (e.g. on a lent device machine that already has torch and
+# archscan's dependencies, offline), most important first: calibrate and time decode steps of a
+# Llama-3-8B shape, run the CUDA tests, measure fidelity, reproduce the guideline tables and a
+# ResNet-50 example. Each step has a time limit, and one failing does not stop the rest. Results
+# land in $OUT (when set) or reports/gpu-<date>/; the decode timings become the predicted-against-
+# measured table anywhere, with no GPU:
+#     python benchmarks/bench_decode_gpu.py report <that folder>/decode
+set -uo pipefail
 cd "$(dirname "$0")/.."
-pip install -q --no-deps -e . && pip install -q networkx tabulate typer pytest
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())"
-python -m pytest -q tests/test_measure.py
-archscan calibrate --device cuda
-python benchmarks/bench_fidelity.py --device cuda --runs 3
 day=$(date -u +%F)
-{ echo "# ShuffleNetV2 guideline benchmarks on $(python -c 'import torch; print(torch.cuda.get_device_name())')"; echo
+out=${OUT:-reports/gpu-$day}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 ARCHSCAN_CACHE_DIR="${TMPDIR:-/tmp}/archscan-gpu-checks"
+export PATH="$(python -c 'import sys, os; print(os.path.dirname(sys.executable))'):$PATH"  # the python that has torch
+if ! python -c 'import archscan.zoo, typer' 2>/dev/null; then
+  python -m pip install -q --no-deps --no-build-isolation -e . >"$ARCHSCAN_CACHE_DIR.install.log" 2>&1 || cat "$ARCHSCAN_CACHE_DIR.install.log"
+fi
+python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,power.limit,driver_version --format=csv
+step() { local limit=$1; shift; echo "== $*"; local t0=$SECONDS; timeout "$limit" "$@"; echo "== rc $? in $((SECONDS - t0)) s"; }
+[ -n "${SKIP_DECODE:-}" ] || step 150 python benchmarks/bench_decode_gpu.py measure --out "$out/decode" --calibrate
+step 60 python -m pytest -q -p no:cacheprovider tests/test_measure.py
+step 120 python benchmarks/bench_fidelity.py --device cuda --runs 3 --out "$out"
+gpu=$(python -c 'import torch; print(torch.cuda.get_device_name())')
+{ echo "# ShuffleNetV2 guideline benchmarks on $gpu"; echo
   echo "Date $day, torch $(python -c 'import torch; print(torch.__version__)'), produced by \`archscan guidelines --device cuda\`."; echo
-  echo '```text'; archscan guidelines --device cuda; echo; archscan guidelines --device cuda --scale 4; echo '```'; } > "reports/guidelines-cuda-$day.md"
-archscan zoo:resnet50 --input 8,3,224,224 --measure --sweep --device cuda --depth 1 > "reports/examples/resnet50-cuda-$day.txt"
-archscan zoo:resnet50 --input 8,3,224,224 --measure --device cuda --amp bf16 --channels-last --depth 1 > "reports/examples/resnet50-cuda-bf16-cl-$day.txt"
-if [ -n "${OUT:-}" ]; then cp -r reports "$OUT/"; fi
+  echo '```text'; timeout 60 archscan guidelines --device cuda; echo '```'; } > "$out/guidelines-cuda-$day.md"
+echo "== guidelines: $(wc -l < "$out/guidelines-cuda-$day.md") lines"
+timeout 60 archscan zoo:resnet50 --input 8,3,224,224 --measure --device cuda --depth 1 > "$out/resnet50-cuda-$day.txt"
+echo "== resnet50: rc $?"
+for b in 1 8; do  # every node's measured and predicted time, for the roofline's per-node check
+  timeout 45 archscan zoo:resnet50 --input $b,3,224,224 --measure --device cuda --json > "$out/resnet50-b$b-cuda-$day.json"
+  echo "== resnet50 batch $b json: rc $?"
+done

@@ -514,7 +514,7 @@ def test_calibrate_refuses_to_cache_an_unstable_profile_unless_forced(capsys, mo
     (path,) = _cached_profiles()
     assert str(path) in out
     # every later prediction from it says that it is unstable
-    code = main([f"{toy}:Net", "--input", "1,3,8,8", "--json"])
+    code = main([f"{toy}:Net", "--input", "1,3,8,8", "--device", "cpu", "--json"])  # the CPU profile, on a GPU machine too
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert code == 0 and data["latency"]["predicted_ms"] > 0

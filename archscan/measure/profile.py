@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ArchscanError, DeviceError
-from .timing import UNSTABLE_SPREAD, Clock, clock_for, is_unstable, time_stable
+from .timing import UNSTABLE_SPREAD, Clock, clock_for, is_unstable, time_back_to_back, time_stable
 
 # No per-call overhead of a real op is this large. A kernel launch costs 5-20 us on a GPU and
 # dispatching a small op on a CPU 1-60 us (this project's 2-core VM: a ReLU module call 1.7 us,
@@ -321,11 +321,11 @@ def _launch_overhead_ms(device: torch.device, clock: Clock) -> tuple[float, floa
     return stats.median_ms / calls, stats.spread
 
 
-def _class_ops(device: torch.device, hw: int, c: int) -> dict[str, tuple]:
-    """One representative op per class on a [1, c, hw, hw] map: (callable, multiply-adds, bytes moved)."""
+def _class_ops(device: torch.device, hw: int, c: int, batch: int = 1) -> dict[str, tuple]:
+    """One representative op per class on a [batch, c, hw, hw] map: (callable, multiply-adds, bytes moved)."""
     import torch.nn.functional as F
 
-    x = torch.randn(1, c, hw, hw, device=device)
+    x = torch.randn(batch, c, hw, hw, device=device)
     n = x.numel()
     mean, var = torch.zeros(c, device=device), torch.ones(c, device=device)
     w3, w1g, wdw = (torch.randn(c, c, 3, 3, device=device), torch.randn(c, c // 4, 1, 1, device=device),
@@ -345,27 +345,54 @@ def _class_ops(device: torch.device, hw: int, c: int) -> dict[str, tuple]:
     }
 
 
-def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool) -> tuple[dict, dict, dict, dict]:
-    """What each op class reaches (float32, batch 1): multiply-adds/s or bytes/s on a 56x56 map with
-    64 channels, and its per-call overhead: the time of the same op on a 7x7 map (a late-stage
-    layer) beyond what those rates predict for it.
+# The map the class rates are measured on. On the CPU [1, 64, 56, 56], a mid-network layer at batch
+# 1. A GPU runs that in a few microseconds, under the host's dispatch: the rate would measure the
+# dispatch (it did: norms at 80 GB/s on an H200 that copies 4.2 TB/s, every prediction 3-10x too
+# slow). There the map fills the device: [16, 128, 56, 56], 25.7 MB in float32.
+_RATE_MAP = {"cpu": dict(batch=1, hw=56, c=64), "cuda": dict(batch=16, hw=56, c=128)}
+_QUICK_RATE_MAP = {"cpu": dict(batch=1, hw=28, c=64), "cuda": dict(batch=4, hw=56, c=64)}
+# A decode step's linear layers are matrix-vector products, bound by reading the weights: their
+# bandwidth, measured on a GPU on Llama-3-8B's MLP shape (8 rows of 4,096 against 14,336 x 4,096
+# bf16 weights, 117 MB), is below a copy's.
+_SKINNY_LINEAR = (8, 4096, 14336)
+
+
+def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool,
+                 peak_fp32: float | None = None) -> tuple[dict, dict, dict, dict]:
+    """What each op class reaches (float32): multiply-adds/s or bytes/s on ``_RATE_MAP``'s map, and
+    its per-call overhead: the time of the same op on a [1, 64, 7, 7] map (a late-stage layer at
+    batch 1) beyond what those rates predict for it, timed back to back as a forward runs it.
 
     Dense, grouped and depthwise convolutions reach very different fractions of the matmul peak,
     norms/activations/pools of the copy bandwidth, and on a CPU a small conv costs far more than a
-    small add just to set up; the roofline uses what each class reaches. The fourth dict holds
-    the spreads, keyed as ``DeviceProfile.spread``.
+    small add just to set up; the roofline uses what each class reaches. On a GPU a linear layer
+    is the matmul it calls, whose rate is the matmul peak (``peak_fp32``), and its bandwidth is a
+    skinny product's (``_SKINNY_LINEAR``). The fourth dict holds the spreads, keyed as
+    ``DeviceProfile.spread``.
     """
+    gpu = device.type == "cuda"
     flops, bandwidth, overhead, spread = {}, {}, {}, {}
-    for category, (fn, macs, nbytes) in _class_ops(device, 28 if quick else 56, 64).items():
-        stats = time_stable(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
+    shape = (_QUICK_RATE_MAP if quick else _RATE_MAP)["cuda" if gpu else "cpu"]
+    for category, (fn, macs, nbytes) in _class_ops(device, **shape).items():
+        if gpu and category == "linear":
+            continue
+        stats = time_back_to_back(fn, clock, warmup=2, min_repeats=5, budget_ms=budget_ms)
         if macs:
             flops[category] = macs / (stats.median_ms / 1e3)
         else:
             bandwidth[category] = nbytes / (stats.median_ms / 1e3)
         spread[f"class_{'flops' if macs else 'bandwidth'}.{category}"] = stats.spread
+    if gpu:
+        rows, k, m = _SKINNY_LINEAR
+        x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+        w = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        stats = time_back_to_back(lambda: torch.nn.functional.linear(x, w), clock, warmup=2, min_repeats=5,
+                                  budget_ms=budget_ms)
+        bandwidth["linear"] = 2 * (rows * k + m * k + rows * m) / (stats.median_ms / 1e3)
+        spread["class_bandwidth.linear"] = stats.spread
     for category, (fn, macs, nbytes) in _class_ops(device, 7, 64).items():
-        stats = time_stable(fn, clock, warmup=2, min_repeats=10, budget_ms=budget_ms / 4)
-        roof_ms = 1e3 * (macs / flops[category] if macs else nbytes / bandwidth[category])
+        stats = time_back_to_back(fn, clock, warmup=2, min_repeats=10, budget_ms=budget_ms / 4)
+        roof_ms = 1e3 * (macs / (flops.get(category) or peak_fp32) if macs else nbytes / bandwidth[category])
         overhead[category] = max(stats.median_ms - roof_ms, 0.0)
         spread[f"class_overhead_ms.{category}"] = stats.spread
     return flops, bandwidth, overhead, spread
@@ -421,7 +448,8 @@ def _calibrate(dev: torch.device, quick: bool, progress) -> DeviceProfile:
         say("launch overhead")
         overhead, spread["launch_overhead_ms"] = _launch_overhead_ms(dev, clock)
         say("conv, norm, activation, pooling rates")
-        class_flops, class_bandwidth, class_overhead, class_spread = _class_rates(dev, clock, budget / 2, quick)
+        class_flops, class_bandwidth, class_overhead, class_spread = _class_rates(dev, clock, budget / 2, quick,
+                                                                                  peak["float32"])
     return DeviceProfile(
         device=str(dev), name=device_name(dev), threads=torch.get_num_threads() if dev.type == "cpu" else None,
         peak_flops=peak, bandwidth=bandwidth, launch_overhead_ms=overhead,

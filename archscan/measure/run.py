@@ -3,7 +3,8 @@
 The model is built with real (random) weights on the device, captured again the way the
 static report was (fx or export; node names match), and run under ``torch.inference_mode()``.
 Each node is then timed in isolation on its real inputs (warm-up, synchronisation, repeats
-until the median is stable); the end-to-end forward is timed the same way. The per-layer sum
+until the median is stable; on a GPU back to back, as the forward dispatches it: see
+``timing.time_back_to_back``); the end-to-end forward is timed the same way. The per-layer sum
 is reported beside the end-to-end time: the gap is launch overhead and host time between
 kernels (positive when the model is overhead-bound, negative when kernels overlap).
 
@@ -35,7 +36,7 @@ from ..costs import tensors_in
 from ..devices import available_bytes
 from ..results import Report, module_and_ancestors
 from .profile import device_name, resolve_device
-from .timing import RETRIES, UNSTABLE_SPREAD, TimingStats, clock_for, summarize, time_fn, time_stable
+from .timing import RETRIES, UNSTABLE_SPREAD, TimingStats, clock_for, summarize, time_back_to_back, time_fn, time_stable
 
 # One more round for an unstable node: a model has hundreds, and this bounds the node phase to
 # three times its usual length on a machine so busy that every node stays unstable.
@@ -75,8 +76,8 @@ class _TimingInterpreter(torch.fx.Interpreter):
             # in-place ops would keep changing the inputs later nodes read: time them on copies
             args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _clone_unless_param, (args, kwargs))
             call = getattr(self, n.op)
-            self.times[n.name] = time_stable(lambda: call(n.target, args, kwargs), self.clock, retries=NODE_RETRIES,
-                                             warmup=2, min_repeats=5, budget_ms=self.budget_ms)
+            self.times[n.name] = time_back_to_back(lambda: call(n.target, args, kwargs), self.clock,
+                                                   retries=NODE_RETRIES, warmup=2, min_repeats=5, budget_ms=self.budget_ms)
         if self.advance is not None:
             self.advance()
         return result
