@@ -11,8 +11,10 @@ with the peak statistics reset just before. ``max_memory_allocated`` counts ever
 parameters, buffers, inputs, optimizer state, and also what the CUDA libraries take from the
 caching allocator (the cuBLAS workspace, cuDNN's convolution workspaces), which archscan's
 analysis of the model's own tensors does not; and the allocator rounds each block up to 512 bytes.
-``resident_bytes`` is what was allocated just before the measured run, so ``peak - resident``
-is what the run itself added.
+``library_bytes`` is what those libraries keep once used, measured before any model and taken
+off the allocator's peak in the report; ``resident_bytes`` is what was allocated just before the
+measured run, so ``peak - resident`` is what the run itself added (archscan's counterpart: its
+peak less the parameters, inputs and optimizer state it counts at the peak).
 """
 
 from __future__ import annotations
@@ -87,6 +89,20 @@ def _step_peak(model, inputs, device) -> dict:
     return {"peak_bytes": torch.cuda.max_memory_allocated(device), "resident_bytes": resident}
 
 
+def _library_bytes(device) -> int:
+    """What the CUDA libraries keep in the caching allocator once used (cuBLAS's and cuBLASLt's
+    workspaces), before any model: a float32 matmul, a bf16 one, a convolution and its backward."""
+    import torch.nn.functional as F
+    a = torch.randn(64, 64, device=device, requires_grad=True)
+    (a @ a).sum().backward()
+    (a.bfloat16() @ a.bfloat16()).sum()
+    x = torch.randn(1, 8, 16, 16, device=device, requires_grad=True)
+    F.conv2d(x, torch.randn(8, 8, 3, 3, device=device)).sum().backward()
+    del a, x
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device)
+
+
 def measure(args) -> None:
     from zoo import create_model
 
@@ -96,6 +112,7 @@ def measure(args) -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "small": args.small,
               "optimizer": OPTIMIZER, "impl": IMPL, "cudnn_benchmark": torch.backends.cudnn.benchmark, "cases": []}
+    result["library_bytes"] = _library_bytes(device)
     torch.manual_seed(0)
     for name, spec, train in (SMALL_CASES if args.small else CASES):
         model = create_model(name).to(device)
@@ -116,6 +133,7 @@ def report(args) -> None:
 
     folder = Path(args.dir)
     measured = json.loads((folder / "measured.json").read_text())
+    library = measured.get("library_bytes", 0)
     rows = []
     for case in measured["cases"]:
         train = TrainOptions(optimizer=measured["optimizer"], impl=measured["impl"]) if "train" in case else None
@@ -123,19 +141,23 @@ def report(args) -> None:
         data = rep.to_json()
         phases = [("forward", data["memory"])] + ([("train", data["training"]["memory"])] if train else [])
         for phase, mem in phases:
-            real = case[phase]
+            real, at = case[phase], mem["at_peak"]
+            resident = at["params"] + at["inputs"] + at.get("optimizer_state", 0)
             rows.append({"model": case["model"], "input": case["input"], "phase": phase,
-                         "archscan": mem["peak_bytes"], "allocator": real["peak_bytes"],
-                         "resident": real["resident_bytes"]})
+                         "archscan": mem["peak_bytes"], "allocator": real["peak_bytes"] - library,
+                         "archscan_added": mem["peak_bytes"] - resident,
+                         "allocator_added": real["peak_bytes"] - real["resident_bytes"]})
     (folder / "compared.json").write_text(json.dumps(rows, indent=1))
     mib = 2 ** 20
-    print("| model | input | run | archscan peak | allocator peak | difference | resident before |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"{measured['device']}, torch {measured['torch']}, {measured['date'][:10]}; the libraries' workspaces "
+          f"({library / mib:,.1f} MiB) taken off the allocator's peak\n")
+    print("| model | input | run | archscan peak | allocator peak | difference | added by the run: archscan | allocator | difference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        diff = r["allocator"] - r["archscan"]
+        diff, added = r["allocator"] - r["archscan"], r["allocator_added"] - r["archscan_added"]
         print(f"| {r['model']} | {r['input']} | {r['phase']} | {r['archscan'] / mib:,.1f} MiB | "
               f"{r['allocator'] / mib:,.1f} MiB | {diff / mib:+,.1f} MiB ({diff / r['archscan']:+.1%}) | "
-              f"{r['resident'] / mib:,.1f} MiB |")
+              f"{r['archscan_added'] / mib:,.1f} MiB | {r['allocator_added'] / mib:,.1f} MiB | {added / mib:+,.1f} MiB |")
 
 
 def main() -> None:
