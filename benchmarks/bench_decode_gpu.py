@@ -249,13 +249,21 @@ def report(args) -> None:
                          "eager_ms": p["eager"]["median_ms"], "graph_ms": p.get("graph", {}).get("median_ms"),
                          "mac_bytes": decode["mac_bytes"], "flops": decode["flops"], "predicted": predicted})
     (folder / "predicted.json").write_text(json.dumps(rows, indent=1))
-    print(_markdown(measured, rows, [label for label, _ in profiles]))
+    text = _markdown(measured, rows, [label for label, _ in profiles])
+    (folder / "table.md").write_text(text + "\n")
+    print(text)
 
 
 def _markdown(measured: dict, rows: list[dict], labels: list[str]) -> str:
     head = ["model", "batch x context", "step bytes", "measured eager", "measured graph"] + \
         [f"predicted {label}" for label in labels]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    versions = ", ".join(f"{k} {measured[k]}" for k in ("torch", "transformers") if k in measured)
+    lines = [f"Measured on {measured['device']} ({versions}), {measured['date'][:10]}: median of {measured['repeats']} "
+             f"steps after {measured['warmup']}, bfloat16, random weights; predicted by archscan {_archscan_version()} "
+             f"({_versions_here()}) on fake tensors. `python benchmarks/bench_decode_gpu.py measure` then `report`. "
+             "Each prediction's ratio is against the eager step, the no-overhead ones against the CUDA graph's "
+             "where there is one.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], f"{r['batch']} x {r['context']:,}", f"{r['mac_bytes'] / 2**30:.2f} GiB",
                  f"{r['eager_ms']:.2f} ms", f"{r['graph_ms']:.2f} ms" if r["graph_ms"] else "-"]
@@ -265,6 +273,22 @@ def _markdown(measured: dict, rows: list[dict], labels: list[str]) -> str:
             cells.append(f"{ms:.2f} ms ({ms / against:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _versions_here() -> str:
+    try:
+        import transformers
+        return f"torch {torch.__version__}, transformers {transformers.__version__}"
+    except ImportError:
+        return f"torch {torch.__version__}"
+
+
+def _archscan_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("archscan")
+    except PackageNotFoundError:
+        return "(from the checkout)"
 
 
 def main() -> None:

@@ -149,15 +149,19 @@ def report(args) -> None:
                          "allocator_added": real["peak_bytes"] - real["resident_bytes"]})
     (folder / "compared.json").write_text(json.dumps(rows, indent=1))
     mib = 2 ** 20
-    print(f"{measured['device']}, torch {measured['torch']}, {measured['date'][:10]}; the libraries' workspaces "
-          f"({library / mib:,.1f} MiB) taken off the allocator's peak\n")
-    print("| model | input | run | archscan peak | allocator peak | difference | added by the run: archscan | allocator | difference |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    lines = [f"Measured on {measured['device']} (torch {measured['torch']}), {measured['date'][:10]}, float32, "
+             f"AdamW ({measured['impl']}); archscan's peaks on fake tensors (torch {torch.__version__}). The CUDA "
+             f"libraries' workspaces ({library / mib:,.1f} MiB, measured before any model) are taken off the "
+             "allocator's peak. `python benchmarks/bench_memory_gpu.py measure` then `report`.", "",
+             "| model | input | run | archscan peak | allocator peak | difference | added by the run: archscan "
+             "| allocator | difference |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         diff, added = r["allocator"] - r["archscan"], r["allocator_added"] - r["archscan_added"]
-        print(f"| {r['model']} | {r['input']} | {r['phase']} | {r['archscan'] / mib:,.1f} MiB | "
-              f"{r['allocator'] / mib:,.1f} MiB | {diff / mib:+,.1f} MiB ({diff / r['archscan']:+.1%}) | "
-              f"{r['archscan_added'] / mib:,.1f} MiB | {r['allocator_added'] / mib:,.1f} MiB | {added / mib:+,.1f} MiB |")
+        lines.append(f"| {r['model']} | {r['input']} | {r['phase']} | {r['archscan'] / mib:,.1f} MiB | "
+                     f"{r['allocator'] / mib:,.1f} MiB | {diff / mib:+,.1f} MiB ({diff / r['archscan']:+.1%}) | "
+                     f"{r['archscan_added'] / mib:,.1f} MiB | {r['allocator_added'] / mib:,.1f} MiB | {added / mib:+,.1f} MiB |")
+    (folder / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main() -> None:

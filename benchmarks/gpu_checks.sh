@@ -32,7 +32,8 @@ if wanted guidelines; then
   gpu=$(python -c 'import torch; print(torch.cuda.get_device_name())')
   { echo "# ShuffleNetV2 guideline benchmarks on $gpu"; echo
     echo "Date $day, torch $(python -c 'import torch; print(torch.__version__)'), produced by \`archscan guidelines --device cuda\`."; echo
-    echo '```text'; timeout 60 archscan guidelines --device cuda; echo '```'; } > "$out/guidelines-cuda-$day.md"
+    echo '```text'; timeout 60 archscan guidelines --device cuda; echo; timeout 60 archscan guidelines --device cuda --scale 4
+    echo '```'; } > "$out/guidelines-cuda-$day.md"
   echo "== guidelines: $(wc -l < "$out/guidelines-cuda-$day.md") lines"
 fi
 if wanted examples; then

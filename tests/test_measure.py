@@ -8,7 +8,7 @@ import torch
 
 import archscan
 from archscan.errors import ArchscanError, DeviceError
-from archscan.measure import (DeviceProfile, MeasureOptions, calibrate, load_profile,
+from archscan.measure import (CudaClock, DeviceProfile, MeasureOptions, calibrate, load_profile,
                               predict_node, save_profile, summarize, time_fn)
 from archscan.measure.predict import fidelity, kernels, spearman
 from archscan.results import NodeReport
@@ -218,7 +218,6 @@ def test_autocast_predicts_matmul_class_nodes_in_low_precision():
 
 def test_cuda_clock_brackets_with_events_and_synchronizes(monkeypatch):
     """The CUDA clock's logic, with torch.cuda.Event replaced (runs without a GPU)."""
-    from archscan.measure import CudaClock
 
     log = []
 
@@ -538,3 +537,63 @@ def test_calibrate_output_shows_the_spread_of_each_quantity(capsys, monkeypatch)
     code = main(["calibrate", "--device", "cpu", "--quick", "--json"])
     data = json.loads(capsys.readouterr()[0])
     assert code == 0 and data["spread"] == cached.spread and data["unstable"] == {} and data["saved"] == str(saved)
+
+
+class _GpuLikeClock(CudaClock):
+    """A CUDA clock without CUDA: each call of the timed function advances it 2 ms, or 3 ms when
+    it is the first call after ``start`` (the host's dispatch, before the device is busy)."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.now, self.fresh = 0.0, True
+
+    def tick(self):
+        self.now += 3.0 if self.fresh else 2.0
+        self.fresh = False
+
+    def start(self):
+        self.fresh = True
+        return self.now
+
+    def stop(self, token):
+        return self.now - token
+
+    def sync(self):
+        pass
+
+
+def test_gpu_timings_are_back_to_back_and_per_call():
+    """On a GPU a node is timed as the forward runs it: BACK_TO_BACK calls in each sample, the
+    sample divided by them; the first call's dispatch is a tenth of it. On the CPU: single calls."""
+    from archscan.measure.timing import BACK_TO_BACK, time_back_to_back
+
+    clock, calls = _GpuLikeClock(), []
+    stats = time_back_to_back(lambda: (calls.append(1), clock.tick()), clock, warmup=0, min_repeats=5, budget_ms=0)
+    assert len(calls) == 5 * BACK_TO_BACK
+    assert stats.median_ms == pytest.approx((3.0 + 2.0 * (BACK_TO_BACK - 1)) / BACK_TO_BACK)
+    single = CycleClock([7.0], noisy=False)
+    assert time_back_to_back(lambda: None, single, warmup=0, min_repeats=5, budget_ms=0).median_ms == 7.0
+    assert single.calls == 5
+
+
+def test_gpu_class_rates_fill_the_device_and_take_the_linear_bandwidth(monkeypatch):
+    """A GPU's class rates are measured on _RATE_MAP's map (not a CPU's batch-1 layer, which a GPU
+    runs under its dispatch time); its linear layers have no rate of their own (the matmul peak)
+    but the bandwidth of a skinny product. Run here on the CPU, with small shapes."""
+    from archscan.measure import profile as prof
+    from archscan.measure.timing import CpuClock
+
+    seen = []
+    real_ops = prof._class_ops
+    monkeypatch.setattr(prof, "_class_ops", lambda device, hw, c, batch=1: seen.append((batch, hw, c)) or real_ops(device, hw, c, batch))
+    monkeypatch.setattr(prof, "_RATE_MAP", {"cpu": prof._RATE_MAP["cpu"], "cuda": dict(batch=3, hw=16, c=16)})
+    monkeypatch.setattr(prof, "_SKINNY_LINEAR", (2, 64, 96))
+    flops, bandwidth, overhead, spread = prof._class_rates(torch.device("cpu"), CpuClock(), 2.0, False, 1e12, gpu=True)
+    assert seen == [(3, 16, 16), (1, 7, 64)]  # the device-filling map, then the overheads' late layer
+    assert "linear" not in flops and set(flops) == {"conv", "grouped_conv", "depthwise_conv"}
+    assert bandwidth["linear"] > 0 and "class_bandwidth.linear" in spread
+    assert set(overhead) == set(flops) | set(bandwidth) and all(v >= 0 for v in overhead.values())
+    # the CPU keeps its batch-1 layer and its linear rate
+    seen.clear()
+    flops, bandwidth, _, _ = prof._class_rates(torch.device("cpu"), CpuClock(), 2.0, True, 1e12)
+    assert seen[0] == (1, 28, 64) and "linear" in flops and "linear" not in bandwidth

@@ -1,7 +1,8 @@
 """Reproduce the ShuffleNetV2 guideline benchmarks (Tables 1-4) on this device.
 
 Each probe network of ``archscan.zoo.probes`` (56x56 input) is built with real weights and
-timed end to end; throughput is printed beside the paper's GTX 1080Ti and ARM/CPU figures,
+timed end to end (on a GPU forward after forward, as the paper's throughput was measured:
+``timing.time_back_to_back``); throughput is printed beside the paper's GTX 1080Ti and ARM/CPU figures,
 and each table says whether its ordering holds here (Spearman rank correlation of this
 device's throughput with the paper's column, and whether the fastest row is the same).
 """
@@ -14,7 +15,7 @@ import torch
 
 from .predict import spearman
 from .profile import device_name, resolve_device
-from .timing import clock_for, time_fn
+from .timing import clock_for, time_back_to_back
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def run_guidelines(device: str | None = None, scale: int = 1, batch: int | None 
             shape[0], shape[1] = batch, shape[1] * scale
             x = torch.randn(shape, device=dev)
             with torch.inference_mode():
-                stats = time_fn(lambda: model(x), clock, warmup=5, min_repeats=10, budget_ms=budget_ms)
+                stats = time_back_to_back(lambda: model(x), clock, warmup=5, min_repeats=10, budget_ms=budget_ms)
             per_s = 1e3 / stats.median_ms * (1 if dev.type == "cuda" else batch)
             paper = probes.PAPER[name]
             rows.append(ProbeResult(name, per_s, stats.median_ms, stats.spread,

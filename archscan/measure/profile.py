@@ -358,7 +358,7 @@ _SKINNY_LINEAR = (8, 4096, 14336)
 
 
 def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bool,
-                 peak_fp32: float | None = None) -> tuple[dict, dict, dict, dict]:
+                 peak_fp32: float | None = None, gpu: bool | None = None) -> tuple[dict, dict, dict, dict]:
     """What each op class reaches (float32): multiply-adds/s or bytes/s on ``_RATE_MAP``'s map, and
     its per-call overhead: the time of the same op on a [1, 64, 7, 7] map (a late-stage layer at
     batch 1) beyond what those rates predict for it, timed back to back as a forward runs it.
@@ -368,9 +368,9 @@ def _class_rates(device: torch.device, clock: Clock, budget_ms: float, quick: bo
     small add just to set up; the roofline uses what each class reaches. On a GPU a linear layer
     is the matmul it calls, whose rate is the matmul peak (``peak_fp32``), and its bandwidth is a
     skinny product's (``_SKINNY_LINEAR``). The fourth dict holds the spreads, keyed as
-    ``DeviceProfile.spread``.
+    ``DeviceProfile.spread``. ``gpu``: measure as on a GPU (default: whether ``device`` is one).
     """
-    gpu = device.type == "cuda"
+    gpu = device.type == "cuda" if gpu is None else gpu
     flops, bandwidth, overhead, spread = {}, {}, {}, {}
     shape = (_QUICK_RATE_MAP if quick else _RATE_MAP)["cuda" if gpu else "cpu"]
     for category, (fn, macs, nbytes) in _class_ops(device, **shape).items():
