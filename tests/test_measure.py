@@ -194,6 +194,10 @@ def test_guidelines_structure_on_cpu():
     assert [r.name for r in table.rows] == list(TABLES["G4"])
     assert all(r.throughput > 0 and r.paper_gpu > 0 and r.paper_cpu > 0 for r in table.rows)
     assert -1 <= table.spearman_cpu <= 1 and isinstance(table.ordering_holds, bool)
+    # at x2 and x4 channels too, where a rounded width is not the default input's times the scale
+    for scale in (2, 4):
+        _, (table,) = run_guidelines("cpu", scale=scale, tables=("G3",), blocks=1, budget_ms=1)
+        assert [r.name for r in table.rows] == list(TABLES["G3"]) and all(r.throughput > 0 for r in table.rows)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -62,7 +62,9 @@ def run_guidelines(device: str | None = None, scale: int = 1, batch: int | None 
 
             model = create_model(name, scale=scale, blocks=blocks).eval().to(dev)
             shape = [int(d) for d in get_entry(name).default_input[0].split(",")]
-            shape[0], shape[1] = batch, shape[1] * scale
+            # the width the probe was built with (scaling the default input's would miss a rounded
+            # width: G3's two-conv series is round(c / sqrt 2) wide, 362 at x4, not 4 x 91)
+            shape[0], shape[1] = batch, next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d)).in_channels
             x = torch.randn(shape, device=dev)
             with torch.inference_mode():
                 stats = time_back_to_back(lambda: model(x), clock, warmup=5, min_repeats=10, budget_ms=budget_ms)
