@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
 from .capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
-from .costs import CATEGORIES, bound_arguments, storage_key
+from .costs import CATEGORIES, MASK_ELEMENTS, bound_arguments, mask_pairs, storage_key
 from .frames import exit_error
 from .memory import MemoryObserver, forward_memory
 from .loading import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
@@ -176,9 +176,6 @@ def _active_params(used: int, nodes: Sequence[NodeReport]) -> int | None:
     return used - sum(idle) if idle else None
 
 
-MASK_ELEMENTS = 1 << 24  # the largest attention mask evaluated (a 4,096 × 4,096 causal mask)
-
-
 def _masked_attrs(node: torch.fx.Node, costs: NodeCosts, masks: dict, keys: dict) -> dict:
     """``{"masked": True, "executed_flops"}`` for attention given an explicit mask that the model
     computes from positions alone (a causal mask, a sliding window, a cache's offset: aranges and
@@ -243,11 +240,7 @@ def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
                 values[n] = n.target(*args, **kwargs)
     except Exception:
         return None
-    m = values[mask]
-    if not isinstance(m, torch.Tensor) or m.numel() == 0:
-        return None
-    through = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min if m.is_floating_point() else None
-    return (int(through.sum()), m.numel()) if through is not None else None
+    return mask_pairs(values[mask])
 
 
 def _placement_attrs(node: torch.fx.Node) -> dict:

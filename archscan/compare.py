@@ -139,7 +139,8 @@ def row(report, job: Job) -> dict:
         out["peak_bytes"] = report.memory["peak_bytes"]  # the inference forward's peak (archscan.memory)
     if report.kv_cache:  # --decode: the cache and one decode step (archscan.decode)
         decode, kv = report.phases["decode"], report.kv_cache
-        out.update(kv_bytes_per_token=kv["bytes_per_token"], kv_bytes_32k=kv["bytes_per_token"] * 32768 * kv["batch"],
+        at_32k = (kv.get("fixed_bytes_per_sequence", 0) + kv["bytes_per_token"] * 32768) * kv["batch"]
+        out.update(kv_bytes_per_token=kv["bytes_per_token"], kv_bytes_32k=at_32k,
                    decode_bytes=decode["mac_bytes"], decode_flops=decode["flops"],
                    tokens_per_s={name: on["tokens_per_s"] for name, on in decode.get("on", {}).items()}
                    or ({decode["profile"]: decode["tokens_per_s"]} if decode.get("profile") else {}))

@@ -10,9 +10,10 @@ over every cached token (a compressed cache re-expanded each step, as Hugging Fa
 DeepSeek-V3 is written) are counted apart (``context_gemms``). With a named GPU, ``speed_grid``
 predicts the prefill and the step over a batch × context grid from a handful of small runs.
 
-The KV cache is what the traced cache holds, not a formula per architecture: its tensors'
-bytes over the L tokens give ``bytes_per_token``, so MHA, GQA, MQA, MLA and quantized caches come
-out right by construction. KV bytes read are the cache storages the step's ops read; KV bytes
+The KV cache is what the traced cache holds, not a formula per architecture: what its tensors
+gain in the step, per new token, is ``bytes_per_token``, and what they held beyond that after L
+tokens is fixed per sequence (a sliding window's, a fixed-size cache's), so MHA, GQA, MQA, MLA,
+quantized and windowed caches come out right by construction. KV bytes read are the cache storages the step's ops read; KV bytes
 written are the cache the step returns, as the model's code writes it (a ``torch.cat`` rewrites
 the whole cache each step).
 """
@@ -27,10 +28,11 @@ from typing import Any, Sequence
 import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .building import build_fake, make_call
-from .costs import cost_op, expected_experts, storage_key, tensors_in, topk_routing
+from .costs import MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in, topk_routing
 from .costs.kernels import run_op
 from .errors import ArchscanError, CaptureError
 from .frames import short
@@ -55,6 +57,7 @@ class _StepCosts(TorchDispatchMode):
         self.from_cache = set(cache_keys)  # storages computed from the cache
         self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
         self.where, self.called_at = "", {}  # the module running now (``memory.module_hooks`` keeps them)
+        self.values = WeakIdKeyDictionary()  # fake tensor -> its real value, where known (``_follow``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -63,8 +66,11 @@ class _StepCosts(TorchDispatchMode):
             return out
         self.routing = topk_routing(func, out) or self.routing
         cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
-        self.ops.append((cost, _dtype(out)))
         tensors = tensors_in((args, kwargs))
+        self._follow(func, args, kwargs, tensors, out)
+        if cost.category == "attention" and "executed_flops" not in cost.attrs:
+            cost = self._masked(func, args, kwargs, cost)
+        self.ops.append((cost, _dtype(out)))
         derived = [t for t in tensors if storage_key(t) in self.from_cache]
         for t in derived:
             key = storage_key(t)
@@ -77,9 +83,57 @@ class _StepCosts(TorchDispatchMode):
         return out
 
 
+    def _follow(self, func, args: tuple, kwargs: dict, tensors: list, out: Any) -> None:
+        """Keep the real value of each small tensor the step makes from numbers alone: positions,
+        and the attention masks built from them (a sliding window, a chunk's offset). An op whose
+        tensors all have values (a factory has none to read) is run again on the CPU on them; one
+        that reads anything else (an input, a weight, the cache) has none, and one that writes
+        into a tensor it cannot follow takes that tensor's value away."""
+        known = all(t in self.values for t in tensors)
+        outs = tensors_in(out)
+        if known and outs and torch.Tag.nondeterministic_seeded not in func.tags \
+                and all(t.numel() <= MASK_ELEMENTS for t in outs):
+            real_args = torch.utils._pytree.tree_map(
+                lambda a: self.values[a] if isinstance(a, torch.Tensor) else torch.device("cpu")
+                if isinstance(a, torch.device) else a, (args, kwargs))
+            try:
+                with _disable_current_modes():
+                    real = func(*real_args[0], **real_args[1])
+            except Exception:
+                real = None
+            if real is not None:
+                for fake, value in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(real)):
+                    if isinstance(fake, torch.Tensor) and isinstance(value, torch.Tensor):
+                        self.values[fake] = value
+                return
+        if func._schema.is_mutable:
+            for t in tensors:
+                self.values.pop(t, None)
+
+    def _masked(self, func, args: tuple, kwargs: dict, cost):
+        """Attention under a mask whose values the step made from numbers alone (``_follow``):
+        the multiply-adds of the query-key pairs it lets through, as ``executed_flops``."""
+        bound = bound_arguments(func, args, kwargs)
+        mask = bound.get("attn_mask", bound.get("attn_bias"))
+        value = self.values.get(mask) if isinstance(mask, torch.Tensor) else None
+        if value is None:
+            return cost
+        with _disable_current_modes():
+            pairs = mask_pairs(value)
+        if pairs is None:
+            return cost
+        allowed, total = pairs
+        return replace(cost, attrs={**cost.attrs, "masked": True, "executed_flops": cost.flops * allowed // total})
+
+
 def _dtype(out: Any) -> str | None:
     tensors = tensors_in(out)
     return str(tensors[0].dtype).replace("torch.", "") if tensors else None
+
+
+def _own_bytes(tensors) -> int:
+    """The bytes of the tensors themselves (a view counts its own elements, not its storage's)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _storage_bytes(tensors) -> int:
@@ -161,6 +215,7 @@ class _Run:
     step: "_StepCosts"
     cached: tuple[torch.Tensor, ...]  # the cache's tensors after the prefill
     written: int                       # the bytes of the cache the step returned
+    held: tuple[int, int]              # the cache's own bytes (its tensors', not their storages') before and after the step
 
 
 def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec, batch: int,
@@ -190,7 +245,8 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
     finally:
         for hook in hooks:
             hook.remove()
-    return _Run(first, costs, cached, _storage_bytes(output_tensors(_cache_of(output))))
+    returned = output_tensors(_cache_of(output))
+    return _Run(first, costs, cached, _storage_bytes(returned), (_own_bytes(cached), _own_bytes(returned)))
 
 
 def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
@@ -213,10 +269,10 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
                                          "at": sorted({line for _, line, _ in costs.context_gemms if line}),
                                          "modules": [m for _, _, m in costs.context_gemms]}
     weights = _storage_bytes([*model.parameters(), *model.buffers()])
-    per_token = kv_bytes // (batch * context)
-    cells = memory_grid(weights, per_token, _memory_of(profile))
-    kv_cache = {"bytes": kv_bytes, "bytes_per_token": per_token, "tokens": context, "batch": batch,
-                "tensors": len(cached), "weights_bytes": weights, "grid": cells}
+    per_token, fixed = _growth(run.held, batch, context, specs[0].shape[1])
+    cells = memory_grid(weights, per_token, _memory_of(profile), fixed)
+    kv_cache = {"bytes": kv_bytes, "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
+                "tokens": context, "batch": batch, "tensors": len(cached), "weights_bytes": weights, "grid": cells}
     if grid and profile is not None:
         kv_cache["speed"] = speed_grid(model, fake_mode, weight_keys, specs[0], dtype, profile, run, batch,
                                        context, cells, positions)
@@ -378,12 +434,23 @@ GRID_BATCHES = (1, 8, 32, 128)
 GRID_CONTEXTS = (2048, 8192, 32768, 131072)
 
 
-def memory_grid(weights: int, per_token: int, limit: int | None = None) -> list[dict]:
-    """Weights + KV cache over a batch × context grid (the cache is linear in both: bytes per token
-    of the traced cache), and whether each fits ``limit`` bytes (a named GPU's memory) when known."""
-    return [{"batch": b, "context": c, "bytes": weights + per_token * b * c,
-             **({"fits": weights + per_token * b * c <= limit} if limit else {})}
-            for b in GRID_BATCHES for c in GRID_CONTEXTS]
+def _growth(held: tuple[int, int], batch: int, context: int, new: int) -> tuple[int, int]:
+    """(bytes per cached token, bytes per sequence that do not grow with the context) of a cache
+    that held ``held[0]`` bytes after ``context`` tokens and ``held[1]`` after ``new`` more, at
+    ``batch``: what the step added is the per-token part (all of an appended cache; none of a
+    sliding window's or a fixed-size cache's), the rest of what it held is fixed."""
+    before, after = held
+    per_token = max(after - before, 0) // (batch * new)
+    return per_token, max(before - per_token * batch * context, 0) // batch
+
+
+def memory_grid(weights: int, per_token: int, limit: int | None = None, fixed: int = 0) -> list[dict]:
+    """Weights + KV cache over a batch × context grid (per sequence, ``fixed`` bytes and
+    ``per_token`` for each token: linear in the batch and in the context), and whether each fits
+    ``limit`` bytes (a named GPU's memory) when known."""
+    cells = [(b, c, weights + b * (fixed + per_token * c)) for b in GRID_BATCHES for c in GRID_CONTEXTS]
+    return [{"batch": b, "context": c, "bytes": total, **({"fits": total <= limit} if limit else {})}
+            for b, c, total in cells]
 
 
 def _memory_of(profile: DeviceProfile | None) -> int | None:

@@ -416,6 +416,48 @@ def test_decode_step_with_a_kv_cache_by_hand(capsys):
     assert "at most 4,096 positions (max_seq_len)" in err and "--decode 4095" in err and len(err.splitlines()) == 1
 
 
+def test_a_window_and_a_chunk_offset_count_in_both_decode_phases(capsys):
+    """Attention under a mask the model builds from positions, in the prefill and in the step: a
+    window of 4 lets 1 + 2 + 3 + 13 x 4 = 58 of a 16-token prefill's 256 query-key pairs through and
+    4 of the 17 keys one new token sees; three new tokens after 16 cached see 17 + 18 + 19 = 54 of
+    3 x 19 keys without a window (the chunk's offset) and 3 x 4 with one. The zoo's Llama masks a
+    chunk the same way (ones(t, L + t).tril(L))."""
+    heads, hd, context = 2, 16, 16
+
+    def attention(queries, keys):  # q.k and p.v: every pair, each head
+        return 2 * heads * queries * keys * hd
+
+    def gap(new, window):
+        return _scan_json(capsys, f"{MODELS}:WindowCacheDecoder", "--kwargs", f"window={window}", "--input",
+                          f"1,{new}:int64", "--decode", str(context))["phases"]
+
+    for new, window, prefill_pairs, step_pairs in ((1, 4, 58, 4), (3, 4, 58, 12), (3, "None", 136, 54), (1, "None", 136, 17)):
+        phases = gap(new, window)
+        full = attention(context, context)
+        assert phases["prefill"]["flops"] - phases["prefill"]["executed_flops"] == full - full * prefill_pairs // 256
+        full = attention(new, context + new)
+        assert phases["decode"]["flops"] - phases["decode"]["executed_flops"] == \
+            full - full * step_pairs // (new * (context + new)), (new, window)
+    layers, heads, hd = 4, 8, 32  # llama_tiny
+    llama = _scan_json(capsys, "zoo:llama_tiny", "--input", "1,3:int64", "--decode", "16")["phases"]["decode"]
+    full = 2 * heads * 3 * 19 * hd
+    assert llama["flops"] - llama["executed_flops"] == layers * (full - full * 54 // 57)
+
+
+def test_a_cache_that_stops_growing_is_held_fixed_per_sequence(capsys):
+    """A cache that keeps its last tokens only (a sliding window, a fixed-size cache) adds nothing
+    per token: its bytes are fixed per sequence, and the memory grid holds them so at every context."""
+    window, latent = 24, 8
+    kv = _scan_json(capsys, f"{MODELS}:LatentCacheDecoder", "--kwargs", f"window={window}", "--input", "2,1:int64",
+                    "--decode", "100")["kv_cache"]
+    assert kv["bytes_per_token"] == 0 and kv["fixed_bytes_per_sequence"] == window * latent * 4
+    assert {c["bytes"] for c in kv["grid"] if c["batch"] == 8} == {kv["weights_bytes"] + 8 * window * latent * 4}
+    growing = _scan_json(capsys, f"{MODELS}:LatentCacheDecoder", "--input", "2,1:int64", "--decode", "100")["kv_cache"]
+    assert growing["bytes_per_token"] == latent * 4 and growing["fixed_bytes_per_sequence"] == 0
+    assert main([f"{MODELS}:LatentCacheDecoder", "--kwargs", f"window={window}", "--input", "1,1:int64", "--decode", "100"]) == 0
+    assert "0 B per token + 768 B per sequence that does not grow with the context" in capsys.readouterr().out
+
+
 def test_a_cache_re_expanded_every_step_is_named_with_both_numbers(capsys):
     """As written vs as served: weights multiplied over all L cached tokens each decode step (a
     compressed cache re-expanded, Hugging Face's DeepSeek-V3) are a finding with both numbers;

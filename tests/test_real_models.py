@@ -364,3 +364,11 @@ def test_a_hugging_face_sliding_window_is_counted_as_executed():
     for method in ("auto", "export"):
         report = archscan.scan(mistral, ["2,32:int64"], capture_method=method, rules=[])
         assert report.totals.flops - report.totals.executed_flops == dense - dense * 122 // 1024, method
+    # --decode 16: the prefill's window counted too (58 of 256 pairs); Hugging Face's cache keeps the
+    # last window - 1 tokens, so nothing grows per token: 3 tokens x 512 bytes are fixed per sequence
+    report = archscan.scan(mistral, ["2,1:int64"], decode=16, rules=[], recommend=False)
+    prefill, dense = report.phases["prefill"], 2 * 2 * 4 * 16 * 16 * (16 + 16)
+    assert prefill["flops"] - prefill["executed_flops"] == dense - dense * 58 // 256
+    per_token = 2 * 2 * 2 * 16 * 4  # layers * (keys, values) * KV heads * head dim * float32
+    assert report.kv_cache["bytes_per_token"] == 0
+    assert 3 * per_token <= report.kv_cache["fixed_bytes_per_sequence"] < 4 * per_token

@@ -1,8 +1,8 @@
 """Per-op costs: FLOPs (multiply-adds), element ops and bytes moved. See `registry`."""
 
 from .registry import CATEGORIES, OpCost, category_of, cost_op, is_free, register_flops, storage_key, tensor_key
-from .registry import bound_arguments, expected_experts, topk_routing
+from .registry import MASK_ELEMENTS, bound_arguments, expected_experts, mask_pairs, topk_routing
 from .registry import _tensors as tensors_in
 
 __all__ = ["CATEGORIES", "OpCost", "category_of", "cost_op", "is_free", "register_flops", "storage_key", "tensor_key", "tensors_in",
-           "bound_arguments", "expected_experts", "topk_routing"]
+           "MASK_ELEMENTS", "bound_arguments", "expected_experts", "mask_pairs", "topk_routing"]

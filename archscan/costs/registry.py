@@ -635,6 +635,19 @@ def causal_pairs(queries: int, keys: int) -> int:
     return full * (full + 1) // 2 + max(queries - keys, 0) * keys
 
 
+MASK_ELEMENTS = 1 << 24  # the largest attention mask evaluated (a 4,096 × 4,096 causal mask)
+
+
+def mask_pairs(mask) -> tuple[int, int] | None:
+    """(entries of an attention mask that let a query-key pair through, its entries), from its
+    values: a bool mask lets True through, a float one any entry above its dtype's lowest value
+    (-inf, or finfo.min); None for an empty mask or another dtype."""
+    if not isinstance(mask, torch.Tensor) or mask.numel() == 0:
+        return None
+    through = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min if mask.is_floating_point() else None
+    return (int(through.sum()), mask.numel()) if through is not None else None
+
+
 def bound_arguments(func, args: Sequence, kwargs: dict) -> dict:
     """An aten op's arguments by their schema's names (those given; {} for a target without a schema)."""
     schema = getattr(func, "_schema", None)

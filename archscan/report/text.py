@@ -163,7 +163,10 @@ def decode_lines(report: Report) -> list[str]:
                      + (f" ({fmt_count(p['executed_flops'])} executed)" if p["executed_flops"] != p["flops"] else "")
                      + f", {fmt_bytes(p['weight_bytes'])} of weights, {fmt_bytes(p['kv_read_bytes'])} KV read, "
                      f"{fmt_bytes(p['kv_written_bytes'])} KV written{when}")
-    lines.append(f"kv cache   {fmt_bytes(kv['bytes_per_token'])} per token: {fmt_bytes(kv['bytes'])} for "
+    fixed = kv.get("fixed_bytes_per_sequence", 0)
+    held = (f" + {fmt_bytes(fixed)} per sequence that does not grow with the context (a sliding window, a fixed-size "
+            "cache)") if fixed and fixed >= kv["bytes_per_token"] else ""
+    lines.append(f"kv cache   {fmt_bytes(kv['bytes_per_token'])} per token{held}: {fmt_bytes(kv['bytes'])} for "
                  f"{kv['tokens']:,} tokens x {kv['batch']} (the traced cache's {kv['tensors']} tensors)")
     grid = kv.get("grid") or []
     if grid:

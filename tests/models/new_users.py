@@ -387,6 +387,34 @@ class LatentCacheDecoder(nn.Module):
         return (y, latent) if use_cache else y
 
 
+class WindowCacheDecoder(nn.Module):
+    """A decoder with a KV cache whose attention mask it builds from positions, as Mistral's and
+    Gemma's local layers do: new token i (at position L + i after L cached) sees the cached and new
+    keys at positions L + i - window + 1 .. L + i (``window=None``: all up to its own)."""
+
+    def __init__(self, vocab=100, dim=32, heads=2, window=None):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.embed = nn.Embedding(vocab, dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids, past_key_values=None, use_cache=False):
+        x = self.embed(ids)
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        start = 0 if past_key_values is None else past_key_values[0].shape[2]
+        if past_key_values is not None:
+            k, v = torch.cat([past_key_values[0], k], dim=2), torch.cat([past_key_values[1], v], dim=2)
+        i = torch.arange(start, start + t, device=x.device)[:, None]  # the new tokens' positions
+        j = torch.arange(start + t, device=x.device)[None, :]          # every key's
+        mask = j <= i
+        if self.window is not None:
+            mask = mask & (j > i - self.window)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, t, c)
+        return (self.out(y), (k, v)) if use_cache else self.out(y)
+
+
 def _llama(kv_heads: int) -> nn.Module:
     from archscan.zoo.llama import Llama
 
