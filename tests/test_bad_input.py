@@ -106,7 +106,7 @@ def test_usage_errors_are_one_line_before_any_work(capsys, monkeypatch, args, ne
 
     monkeypatch.setattr(analysis, "capture", lambda *a, **k: pytest.fail("analysed despite a bad option"))
     monkeypatch.setattr(profile, "_calibrate", lambda *a, **k: pytest.fail("calibrated despite a bad option"))
-    monkeypatch.setattr(guidelines, "time_fn", lambda *a, **k: pytest.fail("measured despite a bad option"))
+    monkeypatch.setattr(guidelines, "time_back_to_back", lambda *a, **k: pytest.fail("measured despite a bad option"))
     expect_error(capsys, 2, needles, *args)
 
 
