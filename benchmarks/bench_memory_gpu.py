@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 # (zoo model, input, whether the training step is measured too)
 CASES = [("resnet50", "8,3,224,224", True), ("mobilenet_v2", "8,3,224,224", True),
@@ -60,26 +61,10 @@ def _forward_peak(model, inputs, device) -> dict:
 
 
 def _step_peak(model, inputs, device) -> dict:
-    from archscan.memory.train import IMPLS, OPTIMIZERS
-    from archscan.recording import output_tensors
+    from memory_oracle import training_step  # tests/: the step as archscan.memory.train runs it
 
     model.train()
-    cls, defaults = OPTIMIZERS[OPTIMIZER]
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = getattr(torch.optim, cls)(params, **defaults, **IMPLS[IMPL])
-
-    def step():  # as archscan.memory.train runs it (see tests/memory_oracle.step_peak)
-        output = model(*inputs)
-        outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
-        loss = outs[0].sum()
-        for t in outs[1:]:
-            loss = loss + t.sum()
-        del output, outs
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step, _, _ = training_step(model, inputs, OPTIMIZER, IMPL, device_type="cuda")
     step()
     torch.cuda.synchronize(device)
     resident = torch.cuda.memory_allocated(device)

@@ -41,17 +41,17 @@ def forward_peak(model: torch.nn.Module, inputs: list) -> int:
     return _resident([*model.parameters(), *model.buffers(), *inputs]) + _allocations_peak(prof)
 
 
-def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
-              amp: str | None = None, set_to_none: bool = True) -> int:
-    """Peak bytes of a steady-state training step as archscan runs it (archscan.memory.train):
+def training_step(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
+                  amp: str | None = None, set_to_none: bool = True, device_type: str = "cpu"):
+    """(step, optimizer, parameters): one training step as archscan runs it (archscan.memory.train):
     forward (under autocast with ``amp``), loss = sum of the floating outputs that require grad,
-    the outputs released before backward, optimizer step, zero_grad(set_to_none=True)."""
+    the outputs released before backward, optimizer step, zero_grad(set_to_none=...)."""
     cls, defaults = OPTIMIZERS[optimizer]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = getattr(torch.optim, cls)(params, **defaults, **IMPLS.get(impl or "", {}))
 
     def step():
-        with torch.autocast("cpu", dtype=AMP[amp]) if amp else torch.autocast("cpu", enabled=False):
+        with torch.autocast(device_type, dtype=AMP[amp]) if amp else torch.autocast(device_type, enabled=False):
             output = model(*inputs)
         outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
         loss = outs[0].sum()
@@ -63,6 +63,13 @@ def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", im
         opt.step()
         opt.zero_grad(set_to_none=set_to_none)
 
+    return step, opt, params
+
+
+def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
+              amp: str | None = None, set_to_none: bool = True) -> int:
+    """Peak bytes of a steady-state training step (``training_step``), after one warm-up step."""
+    step, opt, params = training_step(model, inputs, optimizer, impl, amp, set_to_none)
     step()
     state = [v for s in opt.state.values() for v in s.values()]
     grads = [p.grad for p in params if p.grad is not None]
