@@ -13,9 +13,13 @@ predicts the prefill and the step over a batch × context grid from a handful of
 The KV cache is what the traced cache holds, not a formula per architecture: what its tensors
 gain in the step, per new token, is ``bytes_per_token``, and what they held beyond that after L
 tokens is fixed per sequence (a sliding window's, a fixed-size cache's), so MHA, GQA, MQA, MLA,
-quantized and windowed caches come out right by construction. KV bytes read are the cache storages the step's ops read; KV bytes
-written are the cache the step returns, as the model's code writes it (a ``torch.cat`` rewrites
-the whole cache each step).
+quantized and windowed caches come out right by construction. KV bytes read are the cache
+storages the step's ops read; KV bytes written are the cache the step returns, as the model's
+code writes it (a ``torch.cat`` rewrites the whole cache each step).
+
+Attention under a mask the model builds from positions (a sliding window, a chunk's offset)
+counts the query-key pairs the mask lets through: the step keeps the real values of the small
+tensors it makes from numbers alone (``_StepCosts._follow``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .building import build_fake, make_call
-from .costs import MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in, topk_routing
+from .costs import (MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in,
+                    topk_routing)
 from .costs.kernels import run_op
 from .errors import ArchscanError, CaptureError
 from .frames import short
@@ -81,7 +86,6 @@ class _StepCosts(TorchDispatchMode):
             if cost.flops and cost.weight_bytes and any(self.rows in t.shape for t in derived):
                 self.context_gemms.append((cost.flops, user_line(), self.where))
         return out
-
 
     def _follow(self, func, args: tuple, kwargs: dict, tensors: list, out: Any) -> None:
         """Keep the real value of each small tensor the step makes from numbers alone: positions,
@@ -215,7 +219,7 @@ class _Run:
     step: "_StepCosts"
     cached: tuple[torch.Tensor, ...]  # the cache's tensors after the prefill
     written: int                       # the bytes of the cache the step returned
-    held: tuple[int, int]              # the cache's own bytes (its tensors', not their storages') before and after the step
+    held: tuple[int, int]              # the cache's own bytes (not its storages') before and after the step
 
 
 def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec, batch: int,

@@ -6,11 +6,12 @@ Two steps, so that the GPU time is spent on timing only:
     python benchmarks/bench_decode_gpu.py measure --out DIR     # on the GPU: calibrate, time the steps
     python benchmarks/bench_decode_gpu.py report DIR            # anywhere: archscan's predictions beside them
 
-``measure`` writes ``DIR/measured.json`` (each point's per-step milliseconds, eager and replayed from a
-CUDA graph, with the device, torch and date) and, with ``--calibrate``, ``DIR/profile.json``
-(``archscan calibrate`` of that GPU, also saved as the device's cached profile). ``report`` scans the same models on fake tensors, predicts each point on the GPU's datasheet
-profile and on the calibrated one, each as written (a launch overhead per kernel) and without
-launch overhead (what a CUDA graph removes), and prints a Markdown table.
+``measure`` writes ``DIR/measured.json`` (each point's per-step milliseconds, eager and replayed
+from a CUDA graph, with the device, torch and date) and, with ``--calibrate``, ``DIR/profile.json``
+(``archscan calibrate`` of that GPU, also saved as the device's cached profile). ``report`` scans
+the same models on fake tensors, predicts each point on the GPU's datasheet profile and on the
+calibrated one, each as written (a launch overhead per kernel) and without launch overhead (what a
+CUDA graph removes), and prints a Markdown table.
 
 Models: the zoo's Llama-3-8B (``zoo/llama.py``: its cache is a list of tensors, concatenated every
 step) and, where transformers is installed, Hugging Face's ``LlamaForCausalLM`` with the same
@@ -158,7 +159,8 @@ def measure(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    result = {"device": name, "torch": torch.__version__, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    result = {"device": name, "torch": torch.__version__,
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "dtype": "bfloat16", "small": args.small, "repeats": REPEATS, "warmup": WARMUP, "models": {}}
     try:
         import transformers
@@ -172,8 +174,10 @@ def measure(args) -> None:
         profile = calibrate(device, quick=args.small)
         (out / "profile.json").write_text(json.dumps(profile.to_json(), indent=1))
         save_profile(profile)  # the cached profile of this device, for the scans that follow
-        print(f"calibrated in {(dt.datetime.now() - t0).total_seconds():.1f} s: bandwidth {profile.bandwidth / 1e12:.2f} TB/s, "
-              f"bf16 {2 * profile.peak_flops.get('bfloat16', 0) / 1e12:.0f} TFLOP/s, overhead {profile.launch_overhead_ms * 1e3:.1f} us",
+        print(f"calibrated in {(dt.datetime.now() - t0).total_seconds():.1f} s: "
+              f"bandwidth {profile.bandwidth / 1e12:.2f} TB/s, "
+              f"bf16 {2 * profile.peak_flops.get('bfloat16', 0) / 1e12:.0f} TFLOP/s, "
+              f"overhead {profile.launch_overhead_ms * 1e3:.1f} us",
               flush=True)
     points = SMALL_POINTS if args.small else POINTS
     torch.manual_seed(0)

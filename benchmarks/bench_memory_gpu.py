@@ -144,7 +144,8 @@ def report(args) -> None:
         diff, added = r["allocator"] - r["archscan"], r["allocator_added"] - r["archscan_added"]
         lines.append(f"| {r['model']} | {r['input']} | {r['phase']} | {r['archscan'] / mib:,.1f} MiB | "
                      f"{r['allocator'] / mib:,.1f} MiB | {diff / mib:+,.1f} MiB ({diff / r['archscan']:+.1%}) | "
-                     f"{r['archscan_added'] / mib:,.1f} MiB | {r['allocator_added'] / mib:,.1f} MiB | {added / mib:+,.1f} MiB |")
+                     f"{r['archscan_added'] / mib:,.1f} MiB | {r['allocator_added'] / mib:,.1f} MiB | "
+                     f"{added / mib:+,.1f} MiB |")
     (folder / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -589,7 +589,11 @@ def test_gpu_class_rates_fill_the_device_and_take_the_linear_bandwidth(monkeypat
 
     seen = []
     real_ops = prof._class_ops
-    monkeypatch.setattr(prof, "_class_ops", lambda device, hw, c, batch=1: seen.append((batch, hw, c)) or real_ops(device, hw, c, batch))
+    def spy(device, hw, c, batch=1):
+        seen.append((batch, hw, c))
+        return real_ops(device, hw, c, batch)
+
+    monkeypatch.setattr(prof, "_class_ops", spy)
     monkeypatch.setattr(prof, "_RATE_MAP", {"cpu": prof._RATE_MAP["cpu"], "cuda": dict(batch=3, hw=16, c=16)})
     monkeypatch.setattr(prof, "_SKINNY_LINEAR", (2, 64, 96))
     flops, bandwidth, overhead, spread = prof._class_rates(torch.device("cpu"), CpuClock(), 2.0, False, 1e12, gpu=True)

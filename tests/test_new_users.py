@@ -431,7 +431,8 @@ def test_a_window_and_a_chunk_offset_count_in_both_decode_phases(capsys):
         return _scan_json(capsys, f"{MODELS}:WindowCacheDecoder", "--kwargs", f"window={window}", "--input",
                           f"1,{new}:int64", "--decode", str(context))["phases"]
 
-    for new, window, prefill_pairs, step_pairs in ((1, 4, 58, 4), (3, 4, 58, 12), (3, "None", 136, 54), (1, "None", 136, 17)):
+    cases = ((1, 4, 58, 4), (3, 4, 58, 12), (3, "None", 136, 54), (1, "None", 136, 17))
+    for new, window, prefill_pairs, step_pairs in cases:
         phases = gap(new, window)
         full = attention(context, context)
         assert phases["prefill"]["flops"] - phases["prefill"]["executed_flops"] == full - full * prefill_pairs // 256

@@ -644,8 +644,13 @@ def mask_pairs(mask) -> tuple[int, int] | None:
     (-inf, or finfo.min); None for an empty mask or another dtype."""
     if not isinstance(mask, torch.Tensor) or mask.numel() == 0:
         return None
-    through = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min if mask.is_floating_point() else None
-    return (int(through.sum()), mask.numel()) if through is not None else None
+    if mask.dtype == torch.bool:
+        through = mask
+    elif mask.is_floating_point():
+        through = mask > torch.finfo(mask.dtype).min
+    else:
+        return None
+    return int(through.sum()), mask.numel()
 
 
 def bound_arguments(func, args: Sequence, kwargs: dict) -> dict:
