@@ -62,14 +62,6 @@ def hf_llama(small: bool = False):
     return transformers.LlamaForCausalLM(config)
 
 
-def hf_llama_small():
-    return hf_llama(small=True)
-
-
-def zoo_llama_small():
-    return zoo_llama(small=True)
-
-
 FACTORIES = {"zoo": zoo_llama, "hf": hf_llama}
 
 
@@ -236,19 +228,17 @@ def report(args) -> None:
         profiles += [("calibrated", calibrated), ("calibrated, no overhead", _no_overhead(calibrated))]
     sheet = _datasheet_for(measured["device"]) or args.datasheet
     if sheet:
-        profiles += [(f"{sheet} datasheet", datasheet_profile(sheet)), (f"{sheet} datasheet, no overhead",
-                                                                         _no_overhead(datasheet_profile(sheet)))]
-    factories = {"zoo": zoo_llama_small if measured["small"] else zoo_llama,
-                 "hf": hf_llama_small if measured["small"] else hf_llama}
+        named = datasheet_profile(sheet)
+        profiles += [(f"{sheet} datasheet", named), (f"{sheet} datasheet, no overhead", _no_overhead(named))]
+    first, *others = [prof for _, prof in profiles]  # in pairs: ``on`` holds them all
     rows = []
     for which, points in measured["models"].items():
         for p in points:
-            first, *others = [prof for _, prof in profiles]
-            rep = archscan.scan(factories[which], f"{p['batch']},1:int64", dtype="bf16", decode=p["context"],
-                                profile=first, decode_on=others, rules=[], recommend=False)
+            rep = archscan.scan(FACTORIES[which], f"{p['batch']},1:int64", kwargs={"small": measured["small"]},
+                                dtype="bf16", decode=p["context"], profile=first, decode_on=others, rules=[],
+                                recommend=False)
             decode = rep.phases["decode"]
-            predicted = {label: decode["on"][prof.name]["predicted_ms"] if prof is not first else decode["predicted_ms"]
-                         for label, prof in profiles}
+            predicted = {label: decode["on"][prof.name]["predicted_ms"] for label, prof in profiles}
             rows.append({"model": which, "batch": p["batch"], "context": p["context"],
                          "eager_ms": p["eager"]["median_ms"], "graph_ms": p.get("graph", {}).get("median_ms"),
                          "mac_bytes": decode["mac_bytes"], "flops": decode["flops"], "predicted": predicted})
