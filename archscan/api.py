@@ -18,6 +18,7 @@ from .analysis import analysis, check_rules
 from .capture import collector_paused, seeded_rng
 from .errors import ArchscanError, DeviceError
 from .frames import exit_error
+from .isolation import isolated
 from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
 from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
@@ -27,14 +28,19 @@ from .units import fmt_bytes
 from .rules import select_rules
 
 
+@isolated
 def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike,
          *, kwargs: dict | None = None, dtype: torch.dtype | str | None = None, capture_method: str = "auto",
          name: str | None = None, rules: Sequence[str] | None = None,
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
          recommend: bool = True, train: TrainOptions | bool | None = None,
          memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None,
-         decode_on: Sequence[DeviceProfile] = ()) -> Report:
+         decode_on: Sequence[DeviceProfile] = (), allow_pickle: bool = False) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
+
+    Safe to call from several threads: calls take turns on one process-wide lock, and the
+    caller's torch state (grad mode, default device and dtype, deterministic and TF32 flags...)
+    is given back as it was (``archscan.isolation``).
 
     Args:
         model: an ``nn.Module`` instance, a module class or factory, or a target string
@@ -68,6 +74,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         what_ifs: with ``train``: the step re-analysed with one change each (bf16 autocast, bf16
             parameters, each optimizer implementation, ``zero_grad(set_to_none=False)``, a frozen
             half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
+        allow_pickle: a ``.pt2`` target may run code pickled inside it while it loads; without it
+            such a file is refused (``archscan.loading._load_program``). Only for files you trust.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -79,7 +87,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         device = check_options(options)[0]  # a device that is not there fails now, not after the analysis
         if memory is None and device.type == "cuda":  # measuring on a GPU: the batch that fills its memory
             memory = torch.cuda.get_device_properties(device).total_memory
-    target = to_target(model, name)
+    target = to_target(model, name, allow_pickle)
     check_kwargs(target, kwargs)
     selected = select_rules() if rules is None else select_rules(rules) if rules else []
     train = TrainOptions() if train is True else train or None
@@ -101,10 +109,11 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         raise exit_error(exc, "running the model", target.source_file) from None
 
 
+@isolated
 def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[InputLike] | InputLike, *,
          path: str | None = None, weights: str | None = None, kwargs: dict | None = None,
          dtype: torch.dtype | str | None = None, attention: bool = True, rtol: float | None = None,
-         atol: float | None = None, measure: MeasureOptions | bool | None = None):
+         atol: float | None = None, measure: MeasureOptions | bool | None = None, allow_pickle: bool = False):
     """Fold batch norms into the layers before them and rewrite hand-written attention to SDPA,
     check the result against the original on random inputs, and save it with ``torch.export``.
 
@@ -116,6 +125,7 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         attention: rewrite hand-written attention too.
         rtol, atol: the check's tolerance (default by dtype, ``archscan.transform.verify.TOLERANCES``).
         measure: also time the original and the fused model (``True`` or ``MeasureOptions`` for the device).
+        allow_pickle: as for ``scan``.
 
     Returns:
         ``archscan.transform.FuseResult``.
@@ -129,7 +139,7 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     specs = input_specs(inputs, dtype)
     options = MeasureOptions() if measure is True else measure or None
     device = check_options(options)[0] if options is not None else None
-    target = to_target(model)
+    target = to_target(model, allow_pickle=allow_pickle)
     with seeded_rng():
         return _fuse(target, specs, kwargs=kwargs, dtype=dtype, weights=weights, path=path, attention=attention,
                      rtol=rtol, atol=atol, device=device)
@@ -149,19 +159,27 @@ def _budget(memory: str | int | None, specs) -> "Budget | None":
     return parse_budget(str(memory))
 
 
-def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptions | None, budget,
-                 what_ifs: bool = False) -> Report:
-    """``report.memory`` with the largest batch that fits ``budget`` (when there is one) and, for a
-    training step, the checkpointing plan and the what-ifs asked for (``archscan.memory.budget``)."""
+def _budget_model(target, specs, kwargs, dtype, budget) -> nn.Module:
+    """The fake model the budget's searches run, built before any analysis: a budget the weights
+    alone exceed is refused first, before the capture and the training step run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .building import build_fake
-    from .memory import budget as mb, forward_memory
+    from .memory import budget as mb
 
     model = build_fake(target, kwargs, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if budget is not None:
-        mb.check_weights_fit(weights, budget)
+        mb.check_weights_fit(sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]), budget)
+    return model
+
+
+def _with_budget(report: Report, model: nn.Module, target, specs, kwargs, dtype, train: TrainOptions | None, budget,
+                 what_ifs: bool = False) -> Report:
+    """``report.memory`` with the largest batch that fits ``budget`` (when there is one) and, for a
+    training step, the checkpointing plan and the what-ifs asked for (``archscan.memory.budget``);
+    ``model`` is ``_budget_model``'s."""
+    from .memory import budget as mb, forward_memory
+
     section: dict = {}
     if train is not None:
         step = report.training_step
@@ -205,6 +223,7 @@ def _with_budget(report: Report, target, specs, kwargs, dtype, train: TrainOptio
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
           train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None,
           decode_on: Sequence[DeviceProfile] = ()) -> Report:
+    budget_model = _budget_model(target, specs, kwargs, dtype, budget) if budget is not None or what_ifs else None
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -225,7 +244,7 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
     if train is not None:
         report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
     if budget is not None or what_ifs:
-        report = _with_budget(report, target, specs, kwargs, dtype, train, budget, what_ifs)
+        report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
     if decode is not None:
         from .decode import decode_step
 
@@ -287,6 +306,7 @@ def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile,
     return (apply_predictions(report, profile), profile) if profile is not None else (report, None)
 
 
+@isolated
 def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequence[int] = (), **options):
     """``archscan compare``: every model scanned (``scan``: measured and predicted where asked,
     with its findings and recommendations) and summarised in a row; see ``archscan.compare.compare``

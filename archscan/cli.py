@@ -15,14 +15,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import ArchscanError, DeviceError, VerifyError
+from .errors import ArchscanError, DeviceError, Terminated, VerifyError
+from .files import write_file
 from .specs import check_arguments
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False,
                   help="archscan: why a PyTorch model is slow, and what to change.\n\n"
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
+_ALLOW_PICKLE_HELP = ("a .pt2 target may run code pickled inside it while it loads (torch.export.load's unrestricted "
+                      "unpickling): only for files you trust; without it such a file is refused")
 _SUBCOMMANDS = {"scan", "compare", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
 
 
@@ -55,6 +58,7 @@ def scan_cmd(
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
     report_path: Annotated[Optional[str], typer.Option("--report", help="also write a self-contained HTML report (plots inline) here")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
 ) -> None:
     """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, guideline findings."""
     # every option is checked before the model is imported or built: a typo costs no analysis
@@ -101,7 +105,7 @@ def scan_cmd(
     from .api import scan
 
     with _model_output(as_json):
-        target = resolve_target(model)
+        target = resolve_target(model, allow_pickle)
         if not specs:
             specs = [parse_input_spec(s) for s in target.default_inputs]
         if not specs:
@@ -160,6 +164,7 @@ def fuse_cmd(
     measure: Annotated[bool, typer.Option("--measure", help="time the original and the fused model end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N] (default: cuda when available)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.fuse/1)")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
 ) -> None:
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
     check_arguments(model, input, dtype)
@@ -172,7 +177,7 @@ def fuse_cmd(
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
     with _model_output(as_json):
-        target, specs = _target_and_inputs(model, specs, model_type)
+        target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         path = output or output_path(model)
         failed = None
         with _status("fusing"):
@@ -206,6 +211,7 @@ def prune_cmd(
     measure: Annotated[bool, typer.Option("--measure", help="time the original and the pruned model end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.prune/1, or archscan.groups/1 with --list)")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
 ) -> None:
     """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
     check_arguments(model, input, None)
@@ -221,7 +227,7 @@ def prune_cmd(
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
     with _model_output(as_json):
-        target, specs = _target_and_inputs(model, specs, model_type)
+        target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         if list_groups:
             from .measure import cached_profile, resolve_device
             from .prune import DEFAULT_RATIOS, group_table
@@ -267,6 +273,7 @@ def distill_cmd(
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="build the student in this dtype: float32, bfloat16, float16")] = None,
     eval_mode: Annotated[bool, typer.Option("--eval", help="export the student in eval mode (running statistics, dropout off) instead of training mode")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.distill/1)")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
 ) -> None:
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
     check_arguments(model, input, None)
@@ -280,7 +287,7 @@ def distill_cmd(
     specs = [parse_input_spec(s) for s in input or []]
     constructor_kwargs = parse_kwargs(kwargs)
     with _model_output(as_json):
-        target, specs = _target_and_inputs(model, specs, model_type)
+        target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         with _status("distilling"):
             result = distill(target, specs, student=student, path=output or output_path(model, "student"),
                              kwargs=constructor_kwargs, dtype=model_type, train=not eval_mode)
@@ -319,12 +326,12 @@ def _transform_device(measure: bool, device: str | None, weights: str | None):
     return check_options(MeasureOptions(device=device))[0]
 
 
-def _target_and_inputs(model: str, specs: list, model_type):
+def _target_and_inputs(model: str, specs: list, model_type, allow_pickle: bool = False):
     """The resolved target and its inputs (the --input given, else the target's defaults), in the model's dtype."""
     from .api import input_specs
     from .loading import parse_input_spec, resolve_target
 
-    target = resolve_target(model)
+    target = resolve_target(model, allow_pickle)
     specs = specs or [parse_input_spec(s) for s in target.default_inputs]
     if not specs:
         raise ArchscanError("no --input given", hint="pass the input shape, e.g. --input 1,3,224,224")
@@ -360,6 +367,7 @@ def compare_cmd(
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
     decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens after a KV cache of this many tokens: KV bytes per token and at 32k, the step's bytes, tokens/s per --device-profile")] = None,
     device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="named GPUs to predict on from their datasheets, comma-separated (h100,h200); the first predicts every column")] = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
 ) -> None:
     """Compare models side by side: params, FLOPs, MAC, latency, guideline findings, top recommendation."""
     from .compare import SORT_KEYS, jobs
@@ -393,7 +401,8 @@ def compare_cmd(
             started.append(model)
 
         result = compare(models, sets, batches, measure=options if measure else None, profile=profile,
-                         baseline=baseline, sort=sort, progress=progress, decode=decode, decode_on=others)
+                         baseline=baseline, sort=sort, progress=progress, decode=decode, decode_on=others,
+                         allow_pickle=allow_pickle)
     data = result.to_json()
     _write_reports(report, markdown, data, result.reports)
     if as_json:
@@ -463,11 +472,7 @@ def _write_reports(html_path: str | None, markdown_path: str | None, data: dict,
             from .report.markdown import compare_markdown, report_markdown
 
             text = report_markdown(data) if reports is None else compare_markdown(data, reports)
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as exc:
-            raise ArchscanError(f"cannot write {path}: {exc.strerror or exc}", hint="choose a writable path") from exc
+        write_file(path, text, "--report" if kind == "html" else "--markdown")
         typer.echo(f"archscan: wrote {path}", err=True)
 
 
@@ -633,9 +638,18 @@ def main(argv: list[str] | None = None) -> int:
     2 bad usage or input, 3 the model's code failed or could not be captured, 4 a device problem,
     5 an internal error of archscan's, 130 interrupted.
     """
+    if os.environ.get(_COMPLETE):  # the shell asks for completions (`archscan --install-completion`)
+        app(prog_name="archscan")  # typer answers and exits
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    if (empty := _empty_value(args)) is not None:
+        return _report(ArchscanError(f"{empty} is empty", hint="give it a value, or leave the option out"), debug)
+    if args and args[0] in _COMPLETION_OPTIONS:
+        try:
+            app(args=args, prog_name="archscan")
+        except SystemExit as exc:  # typer prints or installs the script, then exits
+            return exc.code if isinstance(exc.code, int) else 0
     if not args:
         return _report(ArchscanError("no model given", hint="usage: archscan MODEL --input 1,3,224,224; "
                                                            "`archscan --help` lists the commands"), debug)
@@ -645,13 +659,18 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"archscan {version('archscan')}")
         return 0
     first = next((a for a in args if not a.startswith("-")), None)
-    if first is not None and first not in _SUBCOMMANDS and args[0] not in ("--help", "-h"):
+    if first is not None and first not in _SUBCOMMANDS and args[0] not in ("--help", "-h", *_COMPLETION_OPTIONS):
         args = ["scan", *args]
     try:
         rc = app(args=args, prog_name="archscan", standalone_mode=False)
         rc = rc if isinstance(rc, int) else 0  # typer.Exit(code) comes back as a return value
     except (KeyboardInterrupt, typer.Abort):  # click < 8.2 turns Ctrl-C into Abort
         rc = _INTERRUPTED
+    except Terminated as exc:  # SIGTERM, SIGHUP (``_terminate_on_signals``)
+        import signal
+
+        typer.echo(f"archscan: terminated ({signal.Signals(exc.signum).name})", err=True)
+        return 128 + exc.signum
     except typer.Exit as exc:
         rc = exc.exit_code
     except BrokenPipeError:
@@ -672,6 +691,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _INTERRUPTED = 130
+_COMPLETE = "_ARCHSCAN_COMPLETE"
+_COMPLETION_OPTIONS = ("--install-completion", "--show-completion")
+
+
+def _empty_value(args: list[str]) -> str | None:
+    """The option (or argument) given an empty value (``--optimizer ""``, ``--rules=``): refused,
+    never taken as the option left out."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and "=" in arg and not arg.partition("=")[2].strip():
+            return arg.partition("=")[0]
+        if not arg.strip():
+            before = args[i - 1] if i else ""
+            return before if before.startswith("-") else "an argument"
+    return None
+
 _BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` returns when its reader is gone
 
 
@@ -715,6 +749,21 @@ def _unforeseen(exc: Exception) -> ArchscanError:
     return error
 
 
+def _terminate_on_signals() -> None:
+    """SIGTERM and SIGHUP unwind the command as Ctrl-C does (``errors.Terminated``), so that what
+    it was writing is removed (``archscan.files``) and it exits 143 / 129 with one line. Signals
+    the parent set to be ignored stay ignored."""
+    import signal
+
+    def terminate(signum, frame):
+        raise Terminated(signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, terminate)
+
+
 def _reader_gone() -> int:
     """The reader of stdout went away (``archscan ... | head``): stop quietly, as a process killed by
     SIGPIPE would, and point stdout at /dev/null so that the final flush does not fail."""
@@ -739,6 +788,7 @@ def entry() -> None:
     global _CONSOLE
     _CONSOLE = True
     gc.disable()
+    _terminate_on_signals()
     code = main()
     try:
         sys.stdout.flush()

@@ -216,7 +216,8 @@ def sort_rows(rows: list[dict], key: str | None) -> None:
 def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequence[int] = (), *,
             analyse: Callable[..., Any], measure=None, profile=None, baseline: str | None = None,
             sort: str | None = None, progress: Callable[[str, str], None] | None = None,
-            debug: bool = False, decode: int | None = None, decode_on: Sequence[Any] = ()) -> Comparison:
+            debug: bool = False, decode: int | None = None, decode_on: Sequence[Any] = (),
+            allow_pickle: bool = False) -> Comparison:
     """Analyse every model (``jobs``) and summarise each in a row.
 
     Args:
@@ -236,6 +237,7 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
         decode, decode_on: one decode step after a cache of ``decode`` tokens (the inputs are the
             new tokens), predicted on ``profile`` and each of ``decode_on``: the rows gain KV bytes
             per token and at 32k tokens, the step's bytes and tokens/s per GPU.
+        allow_pickle: a ``.pt2`` target may run code pickled inside it (``archscan.loading._load_program``).
     """
     from .loading import resolve_target
 
@@ -248,7 +250,7 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
         try:
             if job.error:
                 raise ArchscanError(job.error)
-            target = resolve_target(job.target)
+            target = resolve_target(job.target, allow_pickle)
             specs = list(job.inputs) or list(target.default_inputs)
             if not specs:
                 raise ArchscanError(f"{job.target} has no default input",

@@ -54,3 +54,13 @@ class VerifyError(ArchscanError):
 
     exit_code = 6
     result = None
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP while archscan runs (``archscan.files`` and the CLI raise it): like
+    ``KeyboardInterrupt`` for SIGINT, it unwinds so that no partial output is left, and the
+    command exits ``128 + signum`` with one line."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -107,22 +107,123 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(shape, parse_dtype(dtype), name, split_values(text.strip())[1])
 
 
-def _load_program(path: str) -> ModelTarget:
-    """An exported program (``torch.export.save``): its module, and its example inputs as defaults."""
+def _load_program(path: str, allow_pickle: bool = False) -> ModelTarget:
+    """An exported program (``torch.export.save``): its module, and its example inputs as defaults.
+
+    ``torch.export.load`` unpickles parts of an archive without restriction (sample inputs and
+    constants fall back to it, weights marked ``use_pickle`` use it, custom and opaque objects are
+    pickles, AOTInductor members are native code). Unless ``allow_pickle``, every torch-saved member
+    is first read with torch's weights-only unpickler, members that can only be loaded by running
+    code are refused by name, and the load itself runs with weights-only ``torch.load`` forced:
+    no code in the file runs. The archive is read once, so what was checked is what is loaded."""
     from .recording import quiet  # torch logs a traceback of its own before raising
 
     try:
-        with quiet():
-            program = torch.export.load(path)
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ArchscanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not allow_pickle:
+        _check_archive(path, data)
+    try:
+        with quiet(), _weights_only_loads(not allow_pickle):
+            program = torch.export.load(io.BytesIO(data))
+        specs = _example_specs(program.example_inputs)
+        if not specs and program.example_inputs is not None:
+            program.example_inputs = None  # unusable ones: module() would trip on them
+        module = program.module()
     except Exception as exc:
+        if not allow_pickle and _is_unpickling_refusal(exc):
+            raise _unsafe(path, "a pickled member") from None
         raise ArchscanError(f"{path} is not an exported program torch.export.load can read: "
                             f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
                             hint="write it with torch.export.save(torch.export.export(model, args), path)") from None
-    args, kwargs = program.example_inputs or ((), {})
+    return ModelTarget(path, None, instance=module, source_file=os.path.abspath(path), default_inputs=specs, program=True)
+
+
+def _example_specs(example: Any) -> tuple[str, ...]:
+    """A program's example inputs as ``--input`` specs; none when they are not ``(args, kwargs)``
+    of tensors (the archive's own; ``--input`` then says what to run)."""
+    if not (isinstance(example, tuple) and len(example) == 2 and isinstance(example[0], (tuple, list))
+            and isinstance(example[1], dict)):
+        return ()
+    args, kwargs = example
+    if not all(isinstance(t, torch.Tensor) for t in (*args, *kwargs.values())):
+        return ()
     specs = [f"{','.join(map(str, t.shape))}:{dtype_name(t.dtype)}" for t in args]
     specs += [f"{name}={','.join(map(str, t.shape))}:{dtype_name(t.dtype)}" for name, t in kwargs.items()]
-    return ModelTarget(path, None, instance=program.module(), source_file=os.path.abspath(path),
-                       default_inputs=tuple(specs), program=True)
+    return tuple(specs)
+
+
+# members torch.export.load reads with pickle.loads, TorchScript's unpickler or as a shared library
+_CODE_MEMBERS = ("custom_obj_", "opaque_obj_")
+_NATIVE_DIR = "data/aotinductor/"
+
+
+def _check_archive(path: str, data: bytes) -> None:
+    """Refuse an archive with a member that needs more than the weights-only unpickler: every
+    member that is a torch-saved file (a zip holding ``data.pkl``) is read with
+    ``torch.load(weights_only=True)``; object and native-code members are refused by name."""
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        return  # not an archive: torch.export.load says so
+    with archive:
+        for info in archive.infolist():
+            name = info.filename
+            inner = name.split("/", 1)[1] if "/" in name else name
+            if inner.startswith(_NATIVE_DIR) or os.path.basename(name).startswith(_CODE_MEMBERS):
+                raise _unsafe(path, name)
+            with archive.open(info) as fh:
+                head = fh.read(4)
+            if head != b"PK\x03\x04":
+                continue
+            member = archive.read(info)
+            try:
+                with zipfile.ZipFile(io.BytesIO(member)) as saved:
+                    if not any(n.endswith("data.pkl") for n in saved.namelist()):
+                        continue
+            except zipfile.BadZipFile:
+                continue  # raw tensor bytes that happen to start so
+            try:
+                torch.load(io.BytesIO(member), map_location="cpu", weights_only=True)
+            except Exception:
+                raise _unsafe(path, name) from None
+
+
+def _unsafe(path: str, member: str) -> ArchscanError:
+    return ArchscanError(f"{path}: {member} can only be loaded by running code stored in the file; refused",
+                         hint="--allow-pickle loads it anyway: only for a file from someone you trust")
+
+
+def _is_unpickling_refusal(exc: BaseException | None) -> bool:
+    import pickle
+
+    while exc is not None:
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _weights_only_loads(force: bool):
+    """Every ``torch.load`` inside, weights-only whatever its caller passes
+    (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, read by torch at each call)."""
+    if not force:
+        yield
+        return
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -285,11 +386,12 @@ def _import_module(name: str) -> Any:
         sys.argv = argv
 
 
-def resolve_target(target: str) -> ModelTarget:
-    """Turn 'file.py:Net', 'pkg.mod:factory', 'zoo:name' or 'program.pt2' into a ModelTarget."""
+def resolve_target(target: str, allow_pickle: bool = False) -> ModelTarget:
+    """Turn 'file.py:Net', 'pkg.mod:factory', 'zoo:name' or 'program.pt2' into a ModelTarget
+    (``allow_pickle``: see ``_load_program``)."""
     check_target(target)
     if target.endswith(".pt2") and ":" not in target:
-        return _load_program(target)
+        return _load_program(target, allow_pickle)
     if target.startswith("zoo:"):
         from . import zoo
 
@@ -339,11 +441,11 @@ def _to_spec(x: InputLike) -> InputSpec:
     raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
 
 
-def to_target(model: Any, name: str | None = None) -> ModelTarget:
+def to_target(model: Any, name: str | None = None, allow_pickle: bool = False) -> ModelTarget:
     if isinstance(model, ModelTarget):
         return model
     if isinstance(model, str):
-        return resolve_target(model)
+        return resolve_target(model, allow_pickle)
     if isinstance(model, nn.Module):
         return ModelTarget(name or type(model).__name__, None, instance=model)  # copied before faking
     if callable(model):

@@ -21,7 +21,7 @@ PACKAGES = {"archscan": os.path.join(ROOT, "archscan"), "archscan.zoo": os.path.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["archscan", "archscan.errors", "archscan.results", "archscan.categories", "archscan.frames",
               "archscan.specs", "archscan.graphmodule", "archscan.nocompile", "archscan.devices", "archscan.gpus",
-              "archscan.units", "archscan.zoo*"]),
+              "archscan.units", "archscan.files", "archscan.isolation", "archscan.zoo*"]),
     ("cost", ["archscan.costs*"]),
     ("load", ["archscan.loading", "archscan.recording", "archscan.building"]),
     ("capture", ["archscan.direct", "archscan.eager", "archscan.capture"]),
@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("compare", ["archscan.compare"]),  # rows of several models; its caller hands it the analysis to run
     ("orchestrator", ["archscan.api"]),
     ("report", ["archscan.report*"]),
-    ("cli", ["archscan.cli"]),
+    ("cli", ["archscan.cli", "archscan.__main__"]),
 ]
 
 

@@ -37,6 +37,7 @@ from ..building import Call, build_fake, build_real, make_call, strip_user_hooks
 from ..capture import capture_context, seeded_rng
 from ..errors import ArchscanError, CaptureError
 from ..frames import short
+from ..isolation import isolated
 from ..loading import InputSpec, ModelTarget, check_kwargs, input_specs, model_dtype, output_path, parse_dtype, to_target
 from ..measure.predict import kernels, predicted, report_totals
 from ..recording import output_tensors, quiet
@@ -282,13 +283,15 @@ def propose(report: Report, target: ModelTarget, specs: Sequence[InputSpec], kwa
 
 # --- building, exporting and saving ------------------------------------------------------------------------
 
+@isolated
 def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, path: str | None = None,
             kwargs: dict | None = None, dtype: torch.dtype | str | None = None, train: bool = True,
-            name: str | None = None) -> DistillResult:
+            name: str | None = None, allow_pickle: bool = False) -> DistillResult:
     """Propose students of ``model``, check them, and build one with random-init weights.
+    Thread-safe and state-keeping as ``archscan.scan`` (``archscan.isolation``).
 
     Args:
-        model, inputs, kwargs, dtype, name: as for ``archscan.scan``.
+        model, inputs, kwargs, dtype, name, allow_pickle: as for ``archscan.scan``.
         student: the student's id (``depth:layer3:1``, ``shuffle:layer2.1``); None takes the first,
             in priority order, that passes its check and moves fewer bytes than the model.
         path: where to save the ``.pt2`` (``torch.export.load(path).module()`` trains it); None saves nothing.
@@ -303,7 +306,7 @@ def distill(model: nn.Module | Any, inputs: Any, *, student: str | None = None, 
     """
     dtype = model_dtype(dtype)
     specs = input_specs(inputs, dtype)
-    target = to_target(model, name)
+    target = to_target(model, name, allow_pickle)
     if target.program:
         raise ArchscanError(f"{target.name} is an exported program: archscan cannot change its modules",
                             hint="point archscan distill at the model's source: file.py:Net, package.module:factory or zoo:name")

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ArchscanError, DeviceError
+from ..files import write_file
 from .timing import UNSTABLE_SPREAD, Clock, clock_for, is_unstable, time_back_to_back, time_stable
 
 # No per-call overhead of a real op is this large. A kernel launch costs 5-20 us on a GPU and
@@ -171,9 +172,7 @@ def save_profile(profile: DeviceProfile, path: Path | None = None) -> Path:
     """Write the profile as JSON; atomically, so a failed write leaves the previous profile whole."""
     path = path or profile_path(profile.key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
-        fh.write(json.dumps(profile.to_json(), indent=1))
-    os.replace(fh.name, path)
+    write_file(path, json.dumps(profile.to_json(), indent=1), "the device profile")
     return path
 
 

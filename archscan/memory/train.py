@@ -34,6 +34,7 @@ from ..building import build_fake, build_real, global_hooks_set_aside, make_call
 from ..costs import cost_op, tensors_in
 from ..devices import short_of
 from ..errors import ArchscanError, CaptureError, DeviceError
+from ..files import write_file
 from ..frames import short
 from ..loading import InputSpec, ModelTarget
 from ..recording import needs_values, output_tensors, quiet, user_line
@@ -449,8 +450,4 @@ def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
 
 
 def _write_snapshot(data: dict, path: str) -> None:
-    try:
-        with open(path, "wb") as fh:
-            pickle.dump(data, fh)
-    except OSError as exc:
-        raise ArchscanError(f"cannot write --memory-snapshot {path}: {exc.strerror or exc}") from None
+    write_file(path, pickle.dumps(data), "--memory-snapshot")

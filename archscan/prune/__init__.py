@@ -26,6 +26,7 @@ from ..capture import capture_context
 from ..direct import Direct
 from ..errors import ArchscanError, CaptureError
 from ..frames import at, short
+from ..isolation import isolated
 from ..loading import InputSpec, ModelTarget, input_specs, to_target
 from ..measure.predict import predicted, report_totals as totals
 from .groups import ChannelGroup, Grouping, find_groups
@@ -311,21 +312,24 @@ def describe(g: ChannelGroup, sources: dict[str, str] | None = None) -> dict:
             "members": [{"module": m, "source": sources.get(m)} for m in g.modules]}
 
 
+@isolated
 def prune(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] | Any, *, ratio: float = 0.3,
           group_ids: Sequence[int] | None = None,
           kwargs: dict | None = None, dtype: torch.dtype | None = None, weights: str | None = None,
-          path: str | None = None, device: torch.device | None = None) -> PruneResult:
+          path: str | None = None, device: torch.device | None = None, allow_pickle: bool = False) -> PruneResult:
     """Cut ``ratio`` of the chosen groups' channels (all prunable groups by default) from the real
     model, check it runs, count it, save it.
 
     ``target`` and ``specs`` take what ``archscan.scan`` takes: a module, class, factory or target
     string, and shapes or specs. ``group_ids`` are the ids ``archscan prune --list`` shows.
+    Thread-safe and state-keeping as ``archscan.scan`` (``archscan.isolation``); ``allow_pickle``
+    as for it.
     """
     from ..transform.programs import batch_call, export, latency_ab, save_program
     from ..transform.weights import load_weights
 
     kept_channels(MIN_CHANNELS, ratio)  # the ratio is checked before anything is built
-    target = to_target(target)
+    target = to_target(target, allow_pickle=allow_pickle)
     specs = input_specs(specs, dtype) if not (isinstance(specs, (list, tuple)) and specs
                                                  and all(isinstance(x, InputSpec) for x in specs)) else list(specs)
     fake = fake_model(target, specs, kwargs, dtype)

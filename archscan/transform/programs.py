@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import io
 
-import os
-import tempfile
 from typing import Any
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn as nn
 from ..building import Call, make_call
 from ..capture import export_program
 from ..errors import ArchscanError, CaptureError
+from ..files import write_file
 from ..frames import short
 from ..measure.profile import device_name
 from ..measure.timing import clock_for, time_ab
@@ -84,22 +84,12 @@ def plain_output(output: Any) -> bool:
 
 
 def save_program(program: torch.export.ExportedProgram, path: str) -> None:
-    """``torch.export.save`` with one clear line for a missing directory or a full disk. It writes
-    a temporary file beside ``path`` and renames it: a save that fails halfway (a full disk, an
-    exception, an interrupt) leaves no partial program behind, and an earlier file is kept."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ArchscanError(f"cannot save to {path}: no directory {parent}", hint="create it, or pick another -o path")
-    fd, temporary = tempfile.mkstemp(prefix=".archscan-partial-", suffix=".pt2", dir=parent)
-    os.close(fd)
-    try:
-        torch.export.save(program, temporary)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise ArchscanError(f"cannot save to {path}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    """``torch.export.save`` through ``archscan.files.write_file``: serialised in memory first
+    (torch's archive writer aborts the process when the disk fills under it), then written
+    whole or not at all; an earlier file at ``path`` is kept when anything fails."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    write_file(path, buffer.getbuffer(), "-o")
 
 
 def latency_ab(model: nn.Module, changed: torch.export.ExportedProgram, call: Call, device: torch.device) -> dict:
