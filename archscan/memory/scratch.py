@@ -5,8 +5,9 @@ returns the bytes the kernel holds at its worst moment on top of the result it r
 are the CPU kernels' (what the tests' oracle, the CPU allocator under ``torch.profiler``, sees);
 a GPU's cuDNN/cuBLAS workspaces come from their own pools and are not modelled.
 
-Read from the allocator's events of torch 2.13's CPU kernels (oneDNN convolution):
-``benchmarks/probe_scratch.py`` prints them for any shape.
+Read from the allocator's events of torch 2.13's CPU kernels (oneDNN convolution, whose choices
+differ between AVX-512 and AVX2 CPUs: ``onednn_block``): ``benchmarks/probe_scratch.py`` prints
+them for any shape.
 """
 
 from __future__ import annotations
@@ -56,11 +57,15 @@ def _onednn_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.is_contiguous())
 
 
-ONEDNN_BLOCK = 16  # oneDNN's blocked layouts (nChw16c) pad channels to a multiple of 16 (AVX-512)
+def onednn_block() -> int:
+    """The channel block of oneDNN's blocked layouts on this CPU: nChw16c with AVX-512, nChw8c
+    with AVX2 (``torch.backends.cpu.get_cpu_capability``)."""
+    return 16 if "AVX512" in torch.backends.cpu.get_cpu_capability() else 8
 
 
 def _blocked(c: int) -> int:
-    return -(-c // ONEDNN_BLOCK) * ONEDNN_BLOCK
+    block = onednn_block()
+    return -(-c // block) * block
 
 
 def _slow_cpu(x: torch.Tensor, dilation) -> bool:
@@ -134,6 +139,8 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
         return max(_slow_grouped(grad_output, groups) + _slow_grouped(x, groups) + columns, results)
     if not _onednn_cpu(x, weight):
         return 0
+    if onednn_block() == 8:
+        return _avx2_backward(grad_output, x, weight, stride, groups, output_mask, results)
     go, xin, w = nbytes(grad_output), (nbytes(x) if x.shape[1] % 8 == 0 else 0), nbytes(weight)
     worst = 0
     if output_mask[0]:  # grad_output and weight reordered, blocked input gradient; then blocked and plain
@@ -143,6 +150,49 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
         pad = 0 if groups == x.shape[1] and groups > 1 else w + ONEDNN_REDUCTION_BYTES
         worst = max(worst, go + xin + pad + (nbytes(x) if output_mask[0] else 0) + w - results)
     return max(worst, 0)
+
+
+ONEDNN_AVX2_REDUCTION_BYTES = 8320  # the 1×1 weight-gradient kernel's reduction buffer beyond its partial weights
+ONEDNN_GEMM_BYTES = 256  # the gemm weight-gradient kernel's buffer beyond its partial weights and columns
+
+
+def _avx2_backward(grad_output, x, weight, stride, groups: int, output_mask, results: int) -> int:
+    """oneDNN's float32 backward on an AVX2 CPU (channels padded to 8), read from the allocator's
+    events of torch 2.13 (``benchmarks/probe_scratch.py``). The input gradient: grad_output and the
+    weight reordered, a blocked input gradient, then that and the plain one. The weight gradient
+    by the jit kernel: grad_output and the input (8 channels or more) reordered, the weight's
+    scratchpad, and for a 1×1 kernel partial weights per thread and a reduction buffer. When the
+    input is shorter than the kernel (a 3×3 kernel on 2×2 maps: ResNet's last stage at 64×64
+    pixels) oneDNN takes its gemm kernel instead: per thread that splits the batch, four partial
+    weights and one image's columns, and the weight gradient twice."""
+    n, cin, *spatial = x.shape
+    cout, cin_g, *kernel = weight.shape
+    size = x.element_size()
+    depthwise = groups == cin and groups > 1
+    go = n * _blocked(cout) * math.prod(grad_output.shape[2:]) * size
+    w_data = (_blocked(cout) * math.prod(kernel) if depthwise  # the weight as the input gradient reads it
+              else _blocked(cout) * (_blocked(cin_g) if cin_g >= 8 or groups == 1 else cin_g) * math.prod(kernel)) * size
+    w = (_blocked(cout) * math.prod(kernel) if depthwise  # the weight gradient's scratchpad
+         else _blocked(cout) * (_blocked(cin_g) if cin_g >= 8 else cin_g) * math.prod(kernel)) * size
+    gi_blocked, gi = n * _blocked(cin) * math.prod(spatial) * size, nbytes(x)
+    worst = max(go + w_data + gi_blocked, gi_blocked + gi) - results if output_mask[0] else 0
+    if not output_mask[1]:
+        return max(worst, 0)
+    held = gi if output_mask[0] else 0  # the input gradient, a result, is live by then
+    if not depthwise and groups == 1 and spatial[0] < kernel[0]:  # the gemm kernel
+        threads = min(torch.get_num_threads(), n)
+        columns = cin * math.prod(kernel) * math.prod(grad_output.shape[2:]) * size
+        partial = columns if threads == 1 else threads * (4 * nbytes(weight) + columns) + ONEDNN_GEMM_BYTES
+        return max(worst, held + nbytes(weight) + partial - results)
+    x_blocked = gi_blocked if cin >= 8 else 0
+    reduction = 0
+    if math.prod(kernel) == 1 and not depthwise:
+        blocks = _blocked(cin) // 8
+        if blocks % 2 or blocks <= 8:  # the thread partition splits the batch: partial weights per thread
+            reduction = torch.get_num_threads() * w + ONEDNN_AVX2_REDUCTION_BYTES
+        if any(st > 1 for st in stride):  # a strided 1×1 reads a compacted copy of the input
+            reduction += n * cin * math.prod(grad_output.shape[2:]) * size + 128
+    return max(worst, held + max(go + x_blocked + reduction, nbytes(weight)) + w - results)
 
 
 @register_scratch(aten.native_layer_norm_backward)
