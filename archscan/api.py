@@ -17,9 +17,10 @@ import torch.nn as nn
 from .analysis import analysis, check_rules
 from .capture import collector_paused, seeded_rng
 from .errors import ArchscanError, DeviceError
-from .frames import exit_error
+from .load.frames import exit_error
 from .isolation import isolated
-from .loading import InputLike, check_kwargs, input_specs, model_dtype, to_target
+from .load.building import with_build
+from .load.targets import InputLike, check_kwargs, input_specs, model_dtype, to_target
 from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
@@ -66,7 +67,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             activation-checkpointing plan (``report.memory["budget"]``, ``["checkpoint_plan"]``;
             ``archscan.memory.budget``).
         decode: the context length L of a KV cache: ``inputs`` are then the new tokens of one decode
-            step after L cached ones (``archscan.decode``): ``report.phases`` (prefill of L tokens,
+            step after L cached ones (``archscan.llm.decode``): ``report.phases`` (prefill of L tokens,
             the decode step) and ``report.kv_cache``, predicted on ``profile`` when there is one;
             with a datasheet profile (a named GPU), also over a batch × context grid.
         decode_on: more ``DeviceProfile``s the decode step is predicted on
@@ -75,7 +76,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             parameters, each optimizer implementation, ``zero_grad(set_to_none=False)``, a frozen
             half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
         allow_pickle: a ``.pt2`` target may run code pickled inside it while it loads; without it
-            such a file is refused (``archscan.loading._load_program``). Only for files you trust.
+            such a file is refused (``archscan.load.targets._load_program``). Only for files you trust.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -95,7 +96,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         check_trainable(target)
     budget = _budget(memory, specs)
     if decode is not None:
-        from .decode import check_decode
+        from .llm.decode import check_decode
 
         check_decode(specs, decode)
     if what_ifs and train is None:
@@ -164,7 +165,7 @@ def _budget_model(target, specs, kwargs, dtype, budget) -> nn.Module:
     alone exceed is refused first, before the capture and the training step run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .building import build_fake
+    from .load.building import build_fake
     from .memory import budget as mb
 
     model = build_fake(target, kwargs, dtype, FakeTensorMode(allow_non_fake_inputs=True), specs)
@@ -223,6 +224,7 @@ def _with_budget(report: Report, model: nn.Module, target, specs, kwargs, dtype,
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
           train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None,
           decode_on: Sequence[DeviceProfile] = ()) -> Report:
+    target = with_build(target, kwargs, specs)  # one build: every stage below copies it
     budget_model = _budget_model(target, specs, kwargs, dtype, budget) if budget is not None or what_ifs else None
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
@@ -246,7 +248,7 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
     if budget is not None or what_ifs:
         report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
     if decode is not None:
-        from .decode import decode_step
+        from .llm.decode import decode_step
 
         named = profile is not None and profile.created.startswith("datasheet")  # a named GPU: its speed grid
         llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None,

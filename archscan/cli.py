@@ -17,7 +17,7 @@ import typer
 
 from .errors import ArchscanError, DeviceError, Terminated, VerifyError
 from .files import write_file
-from .specs import check_arguments
+from .load.specs import check_arguments
 
 app = typer.Typer(add_completion=True, pretty_exceptions_enable=False,
                   help="archscan: why a PyTorch model is slow, and what to change.\n\n"
@@ -82,7 +82,7 @@ def scan_cmd(
 
         parse_budget(memory)  # an unreadable size costs no analysis
     _analysis_process()
-    from .loading import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
+    from .load.targets import parse_dtype, parse_input_spec, parse_kwargs, resolve_target
     from .measure import MeasureOptions, cached_profile, check_options, resolve_device
     from .rules import SEVERITIES, select_rules, worst_severity
 
@@ -169,7 +169,7 @@ def fuse_cmd(
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
     check_arguments(model, input, dtype)
     from .api import model_dtype
-    from .loading import parse_input_spec, parse_kwargs
+    from .load.targets import parse_input_spec, parse_kwargs
     from .transform import fuse, output_path
 
     where = _transform_device(measure, device, weights)
@@ -217,7 +217,7 @@ def prune_cmd(
     check_arguments(model, input, None)
     _analysis_process()
     from .api import model_dtype
-    from .loading import parse_input_spec, parse_kwargs
+    from .load.targets import parse_input_spec, parse_kwargs
     from .prune import kept_channels
 
     where = _transform_device(measure, device, weights)
@@ -248,7 +248,7 @@ def prune_cmd(
         return
     with _model_output(as_json):
         from .prune import prune
-        from .loading import output_path
+        from .load.targets import output_path
 
         path = output or output_path(model, "pruned")
         with _status("pruning"):
@@ -280,8 +280,8 @@ def distill_cmd(
     _analysis_process()
     from .api import model_dtype
     from .distill import distill
-    from .loading import parse_input_spec, parse_kwargs
-    from .loading import output_path
+    from .load.targets import parse_input_spec, parse_kwargs
+    from .load.targets import output_path
 
     model_type = model_dtype(dtype)
     specs = [parse_input_spec(s) for s in input or []]
@@ -305,9 +305,9 @@ _CONSOLE = False  # set by ``entry``: this process is one archscan command, not 
 
 def _analysis_process() -> None:
     """A command that analyses on fake tensors and compiles nothing: in the console process, keep
-    torch's compiler stack from loading until something uses it (``archscan.nocompile``)."""
+    torch's compiler stack from loading until something uses it (``archscan.capture.nocompile``)."""
     if _CONSOLE:
-        from . import nocompile
+        from .capture import nocompile
 
         nocompile.install()
 
@@ -329,7 +329,7 @@ def _transform_device(measure: bool, device: str | None, weights: str | None):
 def _target_and_inputs(model: str, specs: list, model_type, allow_pickle: bool = False):
     """The resolved target and its inputs (the --input given, else the target's defaults), in the model's dtype."""
     from .api import input_specs
-    from .loading import parse_input_spec, resolve_target
+    from .load.targets import parse_input_spec, resolve_target
 
     target = resolve_target(model, allow_pickle)
     specs = specs or [parse_input_spec(s) for s in target.default_inputs]
@@ -678,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # only model code exits: archscan and typer do not
         if isinstance(exc.__context__, BrokenPipeError):  # rich exits so when the reader is gone
             return _reader_gone()
-        from .frames import exit_error
+        from .load.frames import exit_error
 
         return _report(exit_error(exc, "running the model"), debug)
     except ArchscanError as exc:
@@ -735,7 +735,7 @@ def _unforeseen(exc: Exception) -> ArchscanError:
         error.exit_code = getattr(exc, "exit_code", 2) or 2
         return error
     from .errors import CaptureError, InternalError
-    from .frames import short, user_frame
+    from .load.frames import short, user_frame
 
     text = str(exc)
     if isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text:
@@ -780,7 +780,7 @@ def entry() -> None:
     collector stays off (it would walk torch's whole object graph on every threshold crossing while
     torch imports), and once its output is flushed the process ends without the interpreter's
     teardown (a final collection over torch's objects, every module cleared: ~0.1 s). Analysis
-    commands keep ``torch._dynamo`` unloaded (``archscan.nocompile``). The library leaves the
+    commands keep ``torch._dynamo`` unloaded (``archscan.capture.nocompile``). The library leaves the
     caller's modules alone and pauses the collector only while ``archscan.scan`` runs
     (``capture.collector_paused``)."""
     import gc

@@ -10,6 +10,15 @@ from typing import Any
 SCHEMA = "archscan.report/1"
 
 
+# The cost category of a node, most specific first: a node made of several ops takes the first one
+# it has (``archscan.costs.category_of``). Torch-free, so the report renderers use them without torch.
+CATEGORIES = (
+    "attention", "rnn", "conv", "grouped_conv", "depthwise_conv", "linear", "matmul", "embedding",
+    "norm", "pooling", "activation", "elementwise", "reduction", "host_sync", "data_movement",
+    "factory", "view", "other",
+)
+
+
 def module_and_ancestors(path: str) -> list[str]:
     """'a.b.c' -> ['', 'a', 'a.b', 'a.b.c']: every module whose subtree contains ``path``."""
     parts = path.split(".") if path else []
@@ -151,7 +160,7 @@ class Report:
     blocks: tuple[dict, ...] = ()           # building blocks and their fragmentation (G3), when rules ran
     memory: dict | None = None              # peak bytes live, by tensor lifetime (archscan.memory.summary)
     training_step: dict | None = None       # --train: the step's phases, their costs and its memory
-    phases: dict | None = None              # --decode: the prefill and one decode step (archscan.decode)
+    phases: dict | None = None              # --decode: the prefill and one decode step (archscan.llm.decode)
     kv_cache: dict | None = None            # --decode: the traced cache's bytes
     schema: str = SCHEMA
 

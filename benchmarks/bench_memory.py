@@ -52,7 +52,7 @@ def small() -> None:
     import torch
 
     from archscan import zoo
-    from archscan.loading import InputSpec, ModelTarget
+    from archscan.load.targets import InputSpec, ModelTarget
     from archscan.memory.train import TrainOptions, train_step
     from memory_oracle import step_peak
 

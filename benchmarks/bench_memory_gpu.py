@@ -39,7 +39,7 @@ OPTIMIZER, IMPL = "adamw", "foreach"
 
 
 def _inputs(spec: str, device) -> list:
-    from archscan.loading import parse_input_spec
+    from archscan.load.targets import parse_input_spec
     s = parse_input_spec(spec)
     if s.dtype.is_floating_point:
         return [torch.randn(s.shape, device=device, dtype=s.dtype)]

@@ -10,7 +10,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from archscan.memory.train import AMP, IMPLS, OPTIMIZERS
-from archscan.recording import output_tensors
+from archscan.load.recording import output_tensors
 
 
 def _allocations_peak(prof) -> int:

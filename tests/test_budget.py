@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import archscan
 from archscan import zoo
-from archscan.loading import InputSpec, ModelTarget
+from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory.budget import Budget, batched, blocks, largest_batch, parse_budget
 from archscan.memory.train import TrainOptions, train_step
 from memory_oracle import forward_peak, step_peak

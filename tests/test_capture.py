@@ -181,12 +181,12 @@ def test_all_captures_agree_on_zoo_models(name, spec):
 
 
 def test_traced_graph_module_is_lazy_and_runs_as_the_model():
-    """archscan.graphmodule relies on torch's _LazyGraphModule: this fails when torch drops or
+    """archscan.capture.graphmodule relies on torch's _LazyGraphModule: this fails when torch drops or
     changes it (the fallback, a plain GraphModule, still works but costs ~5 ms a trace)."""
     from archscan.capture import trace_fx
-    from archscan.graphmodule import LAZY
+    from archscan.capture.graphmodule import LAZY
 
-    assert LAZY is not None, "torch.fx._lazy_graph_module._LazyGraphModule is gone: see archscan/graphmodule.py"
+    assert LAZY is not None, "torch.fx._lazy_graph_module._LazyGraphModule is gone: see archscan/capture/graphmodule.py"
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4)).eval()
     x = torch.randn(2, 3, 8, 8)
     expected = model(x)
@@ -195,3 +195,26 @@ def test_traced_graph_module_is_lazy_and_runs_as_the_model():
     assert gm._needs_recompile(), "the lazy GraphModule generated its code at once: no time saved"
     assert torch.equal(gm(x), expected)  # forward compiles on first call
     assert not gm._needs_recompile() and "def forward" in gm.code
+
+
+@pytest.mark.parametrize("options", [{}, {"train": True, "memory": "1GiB"}, {"decode": 32}],
+                         ids=["scan", "train-memory", "decode"])
+def test_the_constructor_runs_once_per_scan(options):
+    """One build per scan: the capture, the inference memory, the training step, the budget's
+    searches and the decode phases all copy it (``archscan.load.building.with_build``)."""
+    from archscan import zoo
+
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return zoo.create_model("llama_tiny")
+
+    inputs = ["1,1:int64"] if "decode" in options else ["2,16:int64"]
+    report = archscan.scan(factory, inputs, recommend=False, **options)
+    assert len(calls) == 1
+    assert report.totals.flops > 0
+    if "train" in options:
+        assert report.memory["budget"]["max_batch"] > 2 and report.training_step["memory"]["peak_bytes"] > 0
+    if "decode" in options:
+        assert report.kv_cache and report.phases["decode"]["flops"] > 0

@@ -1,4 +1,4 @@
-"""The direct run (``archscan.direct``) gives exactly the fake path's report, on every zoo model,
+"""The direct run (``archscan.capture.direct``) gives exactly the fake path's report, on every zoo model,
 and gives way to the fake path where it cannot: values read, budgets, errors. Its shortcuts (matrix
 products and convolutions by shape) are checked against the CPU kernels they stand in for."""
 
@@ -15,8 +15,9 @@ import torch
 import torch.nn as nn
 
 import archscan
-from archscan import capture, direct, zoo
-from archscan.loading import ModelTarget, parse_input_spec, resolve_target
+from archscan import capture, zoo
+from archscan.capture import direct
+from archscan.load.targets import ModelTarget, parse_input_spec, resolve_target
 from archscan.prune import analyse, meta_copy
 from archscan.prune.groups import ChannelLabels
 
@@ -170,8 +171,8 @@ def test_model_errors_are_the_same_error(spy, monkeypatch):
 
 
 def test_no_sympy_distributed_or_dynamo_in_a_direct_scan():
-    """As the console runs it (archscan.nocompile installed): nothing of the fake machinery loads."""
-    code = ("import sys, archscan\nfrom archscan import direct, nocompile\nassert nocompile.install()\n"
+    """As the console runs it (archscan.capture.nocompile installed): nothing of the fake machinery loads."""
+    code = ("import sys, archscan\nfrom archscan.capture import direct, nocompile\nassert nocompile.install()\n"
             "direct.SECONDS = 60.0\n"  # the time backstop depends on the machine's load
             "archscan.scan('zoo:resnet18', '1,3,224,224', profile=False)\n"
             "print(sorted(m for m in ('sympy', 'torch.distributed.tensor', 'torch._dynamo.eval_frame', "

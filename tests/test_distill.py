@@ -18,7 +18,7 @@ import torch.nn as nn
 
 import archscan
 from archscan import zoo
-from archscan.loading import input_specs, to_target
+from archscan.load.targets import input_specs, to_target
 from archscan.distill import (ESTIMATED_KINDS, PROPOSERS, Student, check, distill, distill_recommendations, estimate, propose,
                               report_totals, stage_ranking)
 from archscan.distill.students import (ShuffleUnit, StageScore, adapter_for, can_shuffle, candidates, unit_params,

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 import archscan
 from archscan import zoo
-from archscan.loading import input_specs, to_target
+from archscan.load.targets import input_specs, to_target
 from archscan.cli import main
 from archscan.errors import ArchscanError, VerifyError
 from archscan.transform import fuse

@@ -25,6 +25,8 @@ def check(name: str, text: str) -> None:
 def net_report(monkeypatch):
     monkeypatch.chdir(ROOT)  # source lines are relative to the working directory
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the report of a CPU-only machine, on any machine
+    # and of an AVX-512 CPU on any CPU: oneDNN's scratch, in the memory line, differs with AVX2
+    monkeypatch.setattr("archscan.memory.scratch.onednn_block", lambda: 16)
     return archscan.scan("tests/models/toy.py:Net", [(1, 3, 32, 32)], name="toy:Net")
 
 

@@ -13,7 +13,7 @@ import torch.utils.checkpoint as checkpoint
 import archscan
 from archscan import zoo
 from archscan.costs import cost_op
-from archscan.loading import InputSpec, ModelTarget
+from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory import MemoryTracker
 from archscan.memory.train import TrainOptions, train_step
 from memory_oracle import forward_peak, op_scratch, step_peak
@@ -112,26 +112,31 @@ CONVS = {  # input, weight, stride, padding, groups
 }
 
 
-@pytest.mark.parametrize("name", list(CONVS))
-def test_im2col_convolution_scratch_matches_the_cpu_allocator(name):
-    """Forward and backward scratch of torch's own CPU convolution (im2col, taken by float16 where
-    oneDNN has no float16 kernel) equal the allocator's to the byte. oneDNN's scratch follows its
-    thread partitioning and is checked on whole steps instead."""
+def assert_conv_scratch(conv, dtype, masks=([True, True, False],), forward=True) -> None:
+    """``scratch_bytes`` of one convolution's forward and of its backward with each output mask
+    equal the bytes the CPU allocator holds inside the op beyond its results."""
     from archscan.memory.scratch import scratch_bytes
-    x_shape, w_shape, stride, padding, groups = CONVS[name]
-    if torch.ops.mkldnn._is_mkldnn_fp16_supported():
-        pytest.skip("this CPU runs float16 convolutions through oneDNN")
-    dtype = torch.float16
+    x_shape, w_shape, stride, padding, groups = conv
     x, w = torch.randn(x_shape, dtype=dtype), torch.randn(w_shape, dtype=dtype)
     conv_args = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], groups)
     y = torch.ops.aten.convolution(x, w, None, *conv_args)
-    grads = torch.ops.aten.convolution_backward(torch.randn_like(y), x, w, None, *conv_args, [True, True, False])
-    got = scratch_bytes(torch.ops.aten.convolution.default, (x, w, None, *conv_args), {}, y)
-    assert got == op_scratch(lambda: torch.ops.aten.convolution(x, w, None, *conv_args))
-    go = torch.randn_like(y)
-    backward = (go, x, w, None, *conv_args, [True, True, False])
-    got = scratch_bytes(torch.ops.aten.convolution_backward.default, backward, {}, grads)
-    assert got == op_scratch(lambda: torch.ops.aten.convolution_backward(*backward))
+    if forward:
+        got = scratch_bytes(torch.ops.aten.convolution.default, (x, w, None, *conv_args), {}, y)
+        assert got == op_scratch(lambda: torch.ops.aten.convolution(x, w, None, *conv_args))
+    for mask in masks:
+        backward = (torch.randn_like(y), x, w, None, *conv_args, mask)
+        grads = torch.ops.aten.convolution_backward(*backward)
+        got = scratch_bytes(torch.ops.aten.convolution_backward.default, backward, {}, list(grads))
+        assert got == op_scratch(lambda: torch.ops.aten.convolution_backward(*backward)), mask
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_im2col_convolution_scratch_matches_the_cpu_allocator(name):
+    """Forward and backward scratch of torch's own CPU convolution (im2col, taken by float16 where
+    oneDNN has no float16 kernel) equal the allocator's to the byte."""
+    if torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        pytest.skip("this CPU runs float16 convolutions through oneDNN")
+    assert_conv_scratch(CONVS[name], torch.float16)
 
 
 def test_breakdown_of_a_hand_counted_step():
@@ -254,7 +259,7 @@ def test_graph_lifetimes_when_the_forward_cannot_run_again(monkeypatch):
 
 
 def _spec(text):
-    from archscan.loading import parse_input_spec
+    from archscan.load.targets import parse_input_spec
 
     s = parse_input_spec(text)
     return s.shape, s.dtype
@@ -287,22 +292,11 @@ def test_onednn_avx2_convolution_scratch_matches_the_cpu_allocator(name):
     """float32 forward and weight-gradient scratch of oneDNN's convolutions on an AVX2 CPU equal the
     allocator's to the byte (the input gradient too, but for the 7×7 strided first layer, whose input
     gradient a training step never computes). The AVX-512 model is checked on whole steps above."""
-    from archscan.memory.scratch import onednn_block, scratch_bytes
+    from archscan.memory.scratch import onednn_block
     if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
-    x_shape, w_shape, stride, padding, groups = ONEDNN_AVX2_CONVS[name]
-    x, w = torch.randn(x_shape), torch.randn(w_shape)
-    conv_args = ([stride] * 2, [padding] * 2, [1, 1], False, [0, 0], groups)
-    y = torch.ops.aten.convolution(x, w, None, *conv_args)
-    if name not in ONEDNN_AVX2_FORWARD_NOT_MODELLED:
-        got = scratch_bytes(torch.ops.aten.convolution.default, (x, w, None, *conv_args), {}, y)
-        assert got == op_scratch(lambda: torch.ops.aten.convolution(x, w, None, *conv_args))
     masks = [[False, True, False]] + ([[True, True, False]] if not name.startswith("first-layer-7x7") else [])
-    for mask in masks:
-        backward = (torch.randn_like(y), x, w, None, *conv_args, mask)
-        grads = torch.ops.aten.convolution_backward(*backward)
-        got = scratch_bytes(torch.ops.aten.convolution_backward.default, backward, {}, list(grads))
-        assert got == op_scratch(lambda: torch.ops.aten.convolution_backward(*backward)), mask
+    assert_conv_scratch(ONEDNN_AVX2_CONVS[name], torch.float32, masks, forward=name not in ONEDNN_AVX2_FORWARD_NOT_MODELLED)
 
 
 def test_conv_backward_formula_by_hand():

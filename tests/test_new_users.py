@@ -262,7 +262,7 @@ def test_g1_only_where_balancing_channels_is_the_fix(capsys):
 def test_prune_passes_channels_through_ops_that_do_not_move_them(tmp_path):
     """Hardswish, in-place Mish, PReLU (its weight cut with the channels) and a spatial torch.roll
     leave every conv's channel group cuttable; the PReLU group cut by half counts exactly."""
-    from archscan.loading import resolve_target
+    from archscan.load.targets import resolve_target
     from archscan.prune import analyse, prune
 
     target, specs = resolve_target(f"{MODELS}:Activations"), [archscan.InputSpec((1, 3, 16, 16))]
@@ -490,8 +490,8 @@ def test_speed_grid_is_exact_where_it_was_not_fitted():
     """--decode with a named GPU: time to first token, decode ms and tokens/s over batch x context,
     fitted per op from small runs; a point the fit never saw, run on its own, predicts the same to
     the last bit. A cache that stops growing (a window) is not polynomial: no grid, and why."""
-    from archscan.decode import decode_step
-    from archscan.loading import parse_input_spec, resolve_target
+    from archscan.llm.decode import decode_step
+    from archscan.load.targets import parse_input_spec, resolve_target
     from archscan.measure import datasheet_profile
 
     h100 = datasheet_profile("h100")

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 import archscan
 from archscan import zoo
-from archscan.loading import input_specs, to_target
+from archscan.load.targets import input_specs, to_target
 from archscan.cli import main
 from archscan.errors import ArchscanError
 from archscan.prune import analyse, kept_channels, plan, prune
@@ -598,7 +598,7 @@ def test_python_prune_recommendation_is_runnable():
 
 def test_llama3_70b_grouping_is_fast_and_small():
     code = ("import json, resource, time; t = time.perf_counter(); "
-            "from archscan.loading import input_specs, to_target; from archscan.prune import analyse; "
+            "from archscan.load.targets import input_specs, to_target; from archscan.prune import analyse; "
             "g = analyse(to_target('zoo:llama3_70b'), input_specs('1,2048:int64')); "
             "print(json.dumps({'seconds': time.perf_counter() - t, 'groups': len(g.groups), "
             f"'peak_kib': {PEAK_KIB}}}))")

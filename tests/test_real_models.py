@@ -235,7 +235,7 @@ def test_optional_arguments_not_given_keep_their_defaults():
 def test_output_tensors_are_found_in_any_container():
     """What forward returns only has to be flattened to its tensors: dicts, dataclasses, objects
     with __dict__ or __slots__, cycles, modules (skipped)."""
-    from archscan.recording import output_tensors
+    from archscan.load.recording import output_tensors
 
     class Slots:
         __slots__ = ("a", "b")

@@ -26,23 +26,10 @@ import torch
 
 import archscan
 from archscan import files
-from archscan.cli import main
-from archscan.errors import ArchscanError, Terminated
+from archscan.errors import ArchscanError
+from test_bad_input import one_error_line, run
 
 ENV = {**os.environ, "COLUMNS": "100", "PYTHONUNBUFFERED": "1"}
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("archscan: error: "), lines[0]
-    return lines[0]
 
 
 def no_partials(folder) -> None:
@@ -203,7 +190,7 @@ def test_a_write_that_fails_keeps_the_old_file(tmp_path, args, output):
                           capture_output=True, text=True, env=ENV, preexec_fn=_limited(4096), timeout=300)
     line = one_error_line(done.stderr)
     assert done.returncode == 2, line
-    assert f"cannot write" in line and str(out) in line and "File too large" in line, line
+    assert "cannot write" in line and str(out) in line and "File too large" in line, line
     assert out.read_bytes() == b"an earlier, complete report"
     no_partials(tmp_path)
 

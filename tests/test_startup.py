@@ -1,4 +1,4 @@
-"""A command imports only what it needs: ``archscan.nocompile`` keeps ``torch._dynamo`` out of an
+"""A command imports only what it needs: ``archscan.capture.nocompile`` keeps ``torch._dynamo`` out of an
 analysis (same totals), ``archscan zoo``, ``--help`` and usage errors do not import torch, and
 the zoo's torch-free catalogue agrees with its registry. Timings are in benchmarks/bench_startup.py."""
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from archscan import nocompile
-from archscan.specs import check_arguments, dtype_key, split_input_spec
+from archscan.capture import nocompile
+from archscan.load.specs import check_arguments, dtype_key, split_input_spec
 from archscan.errors import ArchscanError
 from archscan.zoo._catalog import catalog
 
@@ -28,14 +28,14 @@ def _python(code: str, timeout: int = 600) -> str:
 
 
 def test_torch_is_as_nocompile_expects():
-    """Fails when a torch release changes what the stand-in relies on: update archscan.nocompile
+    """Fails when a torch release changes what the stand-in relies on: update archscan.capture.nocompile
     (until then the console falls back to loading dynamo, with the same results, only slower)."""
     assert nocompile.expected() == []
 
 
 _TOTALS = """
 import json, sys
-from archscan import nocompile
+from archscan.capture import nocompile
 standin = {standin}
 if standin:
     assert nocompile.install()
@@ -69,7 +69,7 @@ def test_standin_gives_way_to_real_dynamo():
     disable() wrappers that defer to it, and torch.compile works."""
     _python("""
 import sys, torch
-from archscan import nocompile
+from archscan.capture import nocompile
 assert nocompile.install()
 config = sys.modules["torch._dynamo.config"]
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -92,7 +92,7 @@ def test_submodule_import_loads_the_package_first():
     dynamo's circular imports resolve in their own order; each submodule is loaded once."""
     _python("""
 import sys, torch
-from archscan import nocompile
+from archscan.capture import nocompile
 assert nocompile.install()
 from torch._dynamo.source import ConstantSource
 assert not nocompile.installed()
@@ -107,7 +107,7 @@ assert torch.allclose(ep.module()(torch.ones(1, 3, 8, 8)), m(torch.ones(1, 3, 8,
 """)
     _python("""
 import torch
-from archscan import nocompile
+from archscan.capture import nocompile
 assert nocompile.install()
 m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
 torch.export.export(m, (torch.randn(1, 3, 8, 8),))  # what verifying a fusion does
@@ -118,7 +118,7 @@ assert not nocompile.installed()
 def test_install_leaves_a_loaded_dynamo_alone():
     _python("""
 import sys, torch, torch._dynamo
-from archscan import nocompile
+from archscan.capture import nocompile
 real = sys.modules["torch._dynamo"]
 assert not nocompile.install() and sys.modules["torch._dynamo"] is real
 """)
@@ -190,7 +190,7 @@ def test_spec_syntax():
 
 def test_spec_dtypes_are_torch_dtypes():
     """Every name the torch-free parser accepts is a torch dtype of that item size."""
-    from archscan.specs import ALIASES, INPUT_DTYPES, ITEMSIZE
+    from archscan.load.specs import ALIASES, INPUT_DTYPES, ITEMSIZE
 
     for name in INPUT_DTYPES:
         assert getattr(torch, name).itemsize == ITEMSIZE[name]

@@ -1,4 +1,9 @@
-"""Per-op costs: FLOPs (multiply-adds), element ops and bytes moved. See `registry`."""
+"""Per-op costs: FLOPs (multiply-adds), element ops and bytes moved.
+
+Takes an aten op with its arguments and result (shapes, dtypes); gives its ``OpCost``. Modules:
+``registry`` (one formula per op, refusing duplicates), ``kernels`` (fused kernels' costs). The
+category names every report uses are ``archscan.results.CATEGORIES``.
+"""
 
 from .registry import CATEGORIES, OpCost, category_of, cost_op, is_free, register_flops, storage_key, tensor_key
 from .registry import MASK_ELEMENTS, bound_arguments, expected_experts, mask_pairs, topk_routing

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 
-from ..categories import CATEGORIES
+from ..results import CATEGORIES
 
 aten = torch.ops.aten
 

@@ -33,14 +33,15 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse
-from ..building import Call, build_fake, build_real, make_call, strip_user_hooks
+from ..load.building import Call, build_fake, build_real, make_call, strip_user_hooks
 from ..capture import capture_context, seeded_rng
 from ..errors import ArchscanError, CaptureError
-from ..frames import short
+from ..load.frames import short
 from ..isolation import isolated
-from ..loading import InputSpec, ModelTarget, check_kwargs, input_specs, model_dtype, output_path, parse_dtype, to_target
+from ..load.targets import (InputSpec, ModelTarget, check_kwargs, input_specs, model_dtype, output_path, parse_dtype,
+                            to_target)
 from ..measure.predict import kernels, predicted, report_totals
-from ..recording import output_tensors, quiet
+from ..load.recording import output_tensors, quiet
 from ..results import Recommendation, Report, module_and_ancestors
 from .students import (GUIDELINE_RULES, PROPOSERS, ShuffleUnit, StageScore, Student, Teacher, adapter_for, candidates,
                        feature_points, stage_ranking)

@@ -220,10 +220,10 @@ DATASHEET_OVERHEAD_MS = 0.005
 
 
 def datasheet_profile(name: str) -> DeviceProfile:
-    """The profile of a named GPU from its datasheet (``archscan.gpus``), for predictions without
+    """The profile of a named GPU from its datasheet (``archscan.devices.gpus``), for predictions without
     the device: dense peaks per dtype times the efficiencies above. One line for a name with no
     datasheet compute figures."""
-    from ..gpus import GPUS, gpu
+    from ..devices.gpus import GPUS, gpu
 
     found = gpu(name)
     if found is None or found.bf16_tflops is None:

@@ -27,11 +27,11 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from ..building import Call, build_real, make_inputs
+from ..load.building import Call, build_real, make_inputs
 from ..capture import trace_export, trace_fx
 from ..errors import ArchscanError, DeviceError
-from ..loading import InputSpec, ModelTarget
-from ..frames import short
+from ..load.targets import InputSpec, ModelTarget
+from ..load.frames import short
 from ..costs import tensors_in
 from ..devices import available_bytes
 from ..results import Report, module_and_ancestors

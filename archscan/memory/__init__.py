@@ -18,10 +18,10 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import direct
-from ..building import global_hooks_set_aside, make_call, on_meta
-from ..loading import InputSpec
-from ..recording import module_stack, quiet, source_of, user_line
+from ..capture import direct
+from ..load.building import global_hooks_set_aside, make_call, on_meta
+from ..load.targets import InputSpec
+from ..load.recording import module_stack, quiet, source_of, user_line
 from .tracker import CATEGORIES, MemoryTracker, Peak
 
 __all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "snapshot", "summary"]
@@ -57,7 +57,7 @@ class MemoryObserver:
 
 def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> dict | None:
     """The inference forward's memory, the model's own forward run eagerly on the capture's model
-    (meta weights with CPU activations under ``archscan.direct``, or fake tensors): Python's
+    (meta weights with CPU activations under ``archscan.capture.direct``, or fake tensors): Python's
     variables hold what they hold in the model's code (``x = layer4(layer3(layer2(layer1(x))))``
     keeps the first ``x`` until the line ends), which the captured graph, freeing each value after
     its last use, cannot show. None where that run cannot be made (a model with real weights, one
@@ -94,7 +94,7 @@ def module_hooks(model: nn.Module, tracker: MemoryTracker | Any,
     """Forward hooks that tell the tracker which module runs (the innermost; its parent again
     after it); ``on_exit(path, output)`` is called as each module returns. ``tracker``: anything
     with ``where`` (the module path) and ``called_at`` (path -> the model line that first called
-    it), as a ``MemoryTracker`` has (``archscan.decode``'s step costs too)."""
+    it), as a ``MemoryTracker`` has (``archscan.llm.decode``'s step costs too)."""
     stack: list[str] = []
 
     def pre(path):

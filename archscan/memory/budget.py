@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import ArchscanError
-from ..gpus import GPUS, gpu
-from ..loading import InputSpec
+from ..devices.gpus import GPUS, gpu
+from ..load.targets import InputSpec
 from ..units import fmt_bytes
 from .train import TrainOptions
 
@@ -51,7 +51,7 @@ class Budget:
 
 def parse_budget(text: str) -> Budget:
     """'80GiB', '24GB', '1.5TB', '512MiB' (GB = 10⁹ bytes, GiB = 2³⁰), or a GPU name from
-    ``archscan.gpus`` ('h100', 'a100-40gb', 'l4')."""
+    ``archscan.devices.gpus`` ('h100', 'a100-40gb', 'l4')."""
     named = gpu(text)
     if named is not None:
         return Budget(named.memory_bytes, f"{named.memory_bytes / (1 << 30):g} GiB ({named.name})")

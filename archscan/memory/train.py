@@ -30,14 +30,14 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..building import build_fake, build_real, global_hooks_set_aside, make_call, strip_user_hooks
+from ..load.building import build_fake, build_real, global_hooks_set_aside, make_call, strip_user_hooks
 from ..costs import cost_op, tensors_in
 from ..devices import short_of
 from ..errors import ArchscanError, CaptureError, DeviceError
 from ..files import write_file
-from ..frames import short
-from ..loading import InputSpec, ModelTarget
-from ..recording import needs_values, output_tensors, quiet, user_line
+from ..load.frames import short
+from ..load.targets import InputSpec, ModelTarget
+from ..load.recording import needs_values, output_tensors, quiet, user_line
 from . import module_hooks, snapshot, summary, weights
 from .scratch import nbytes
 from .tracker import MemoryTracker

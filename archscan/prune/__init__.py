@@ -21,13 +21,13 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse as analyse_model
-from ..building import build_fake, build_real, make_call, on_meta, strip_user_hooks
+from ..load.building import build_fake, build_real, make_call, on_meta, strip_user_hooks
 from ..capture import capture_context
-from ..direct import Direct
+from ..capture.direct import Direct
 from ..errors import ArchscanError, CaptureError
-from ..frames import at, short
+from ..load.frames import at, short
 from ..isolation import isolated
-from ..loading import InputSpec, ModelTarget, input_specs, to_target
+from ..load.targets import InputSpec, ModelTarget, input_specs, to_target
 from ..measure.predict import predicted, report_totals as totals
 from .groups import ChannelGroup, Grouping, find_groups
 from .surgery import apply_cuts
@@ -185,7 +185,7 @@ def meta_copy(model: nn.Module) -> nn.Module:
     variants of it runs no constructor of the user's."""
     import warnings
 
-    from ..building import derived_tensors
+    from ..load.building import derived_tensors
 
     memo: dict = {}
     for t in [*model.parameters(), *model.buffers()]:

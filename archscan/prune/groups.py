@@ -885,7 +885,7 @@ class Grouping:
 
 def find_groups(model: torch.nn.Module, call, fake_mode) -> Grouping:
     """Run ``model`` once under ``LabelMode`` (on fake tensors, or in a direct run) and group its channels."""
-    from ..recording import quiet
+    from ..load.recording import quiet
 
     mode = label_mode(model)
     with fake_mode, torch.no_grad(), mode, quiet():
@@ -903,7 +903,7 @@ def label_mode(model: torch.nn.Module) -> LabelMode:
 
 def grouping_of(mode: LabelMode, out, model: torch.nn.Module) -> Grouping:
     """The channel groups ``mode`` found in a forward that returned ``out``."""
-    from ..recording import output_tensors
+    from ..load.recording import output_tensors
 
     for t in output_tensors(out):
         mode.pin("reaches the model's output", mode.lab(t))

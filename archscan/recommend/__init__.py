@@ -56,7 +56,7 @@ class Context:
         """The command that folds batch norms and rewrites attention for this model."""
         if not self.command:
             return "archscan.fuse(model, inputs, path='model-fused.pt2')"
-        from ..loading import output_path
+        from ..load.targets import output_path
 
         return f"archscan fuse {self.command} -o {output_path(self.report.model)}"
 
@@ -237,7 +237,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
         return []
     from ..errors import ArchscanError
     from ..prune import analyse, params_removed, plan, predict, totals
-    from ..loading import output_path
+    from ..load.targets import output_path
 
     try:
         grouping = ctx.grouping if ctx.grouping is not None else \
@@ -387,7 +387,7 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
 def command_of(report: Report, kwargs: dict | None = None) -> str:
     """'MODEL --input ... [--kwargs ...] [--dtype ...]' for a report whose model is a command-line
     target, else '': every apply line built on it acts on the model the report is about."""
-    from ..specs import spec_text
+    from ..load.specs import spec_text
 
     model = report.model
     if ":" not in model and not model.endswith(".pt2"):

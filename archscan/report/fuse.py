@@ -57,7 +57,7 @@ def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
                                 f"{lat['device']} ({lat['device_name']}){unstable}"))
     if result.outputs_flattened:
         rows.append(("outputs", "forward returns an object torch.export cannot keep: the program returns its tensors "
-                                "as a flat tuple, in the order archscan.recording.output_tensors lists them"))
+                                "as a flat tuple, in the order archscan.load.recording.output_tensors lists them"))
     if result.path:
         rows.append(("saved", f"{result.path}  (load: torch.export.load({result.path!r}).module())"))
     elif not c.passed:

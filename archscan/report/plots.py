@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import re
 
-from ..categories import CATEGORIES
+from ..results import CATEGORIES
 from .facts import predicted_by_module
 
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "archscan", "font.size": 9, "font.family": "sans-serif",

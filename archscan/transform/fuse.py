@@ -20,12 +20,12 @@ from typing import Any, Sequence
 import torch
 
 from ..analysis import analyse
-from ..building import build_real, make_call, strip_user_hooks
+from ..load.building import build_real, make_call, strip_user_hooks
 from ..capture import capture_context
 from ..errors import VerifyError
-from ..loading import InputSpec, ModelTarget, output_path  # noqa: F401  (output_path: archscan.transform's API)
+from ..load.targets import InputSpec, ModelTarget, output_path  # noqa: F401  (output_path: archscan.transform's API)
 from ..measure.predict import report_totals
-from ..recording import output_tensors
+from ..load.recording import output_tensors
 from .attention import Rewrite, rewrite_attention, unmatched
 from .fold import Fold, Kept, fold_batch_norms
 from .programs import batch_call, export, latency_ab, plain_output, run, save_program

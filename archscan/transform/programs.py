@@ -13,14 +13,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..building import Call, make_call
+from ..load.building import Call, make_call
 from ..capture import export_program
 from ..errors import ArchscanError, CaptureError
 from ..files import write_file
-from ..frames import short
+from ..load.frames import short
 from ..measure.profile import device_name
 from ..measure.timing import clock_for, time_ab
-from ..recording import quiet
+from ..load.recording import quiet
 
 
 def run(model: nn.Module, call: Call, what: str) -> Any:

@@ -35,18 +35,18 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .building import build_fake, make_call
-from .costs import (MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in,
-                    topk_routing)
-from .costs.kernels import run_op
-from .errors import ArchscanError, CaptureError
-from .frames import short
-from .loading import InputSpec, ModelTarget
-from .measure import DeviceProfile
-from .memory import module_hooks
-from .measure.predict import predict_node
-from .recording import output_tensors, quiet, user_line
-from .results import NodeReport
+from ..load.building import build_fake, make_call
+from ..costs import (MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in,
+                     topk_routing)
+from ..costs.kernels import run_op
+from ..errors import ArchscanError, CaptureError
+from ..load.frames import short
+from ..load.targets import InputSpec, ModelTarget
+from ..measure import DeviceProfile
+from ..memory import module_hooks
+from ..measure.predict import predict_node
+from ..load.recording import output_tensors, quiet, user_line
+from ..results import NodeReport
 
 
 class _StepCosts(TorchDispatchMode):
@@ -459,7 +459,7 @@ def memory_grid(weights: int, per_token: int, limit: int | None = None, fixed: i
 
 def _memory_of(profile: DeviceProfile | None) -> int | None:
     """The memory of a datasheet profile's GPU (``--device-profile``), else None."""
-    from .gpus import gpu
+    from ..devices.gpus import gpu
 
     if profile is None or not profile.created.startswith("datasheet"):
         return None

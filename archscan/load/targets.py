@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .errors import ArchscanError, CaptureError
+from ..errors import ArchscanError, CaptureError
 from .frames import at, exit_error, short
 from .specs import check_target, dtype_key, split_input_spec, split_values
 
@@ -65,6 +65,9 @@ class ModelTarget:
     source_file: str | None = None
     default_inputs: tuple[str, ...] = ()
     program: bool = False  # ``instance`` is an exported program's module: its graph is the capture
+    # the factory's model, built once for a scan on the meta device (``building.with_build``):
+    # every fake or meta copy a stage needs is made from it, and the constructor does not run again
+    built: nn.Module | None = None
 
     def build(self, kwargs: dict[str, Any]) -> nn.Module:
         """Call the factory (or return the instance); errors become ArchscanError."""
@@ -102,7 +105,7 @@ def parse_dtype(text: str) -> torch.dtype:
 
 def parse_input_spec(text: str) -> InputSpec:
     """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids;
-    'decoder_input_ids=1,16:int64' passes the input to forward by keyword (``archscan.specs``)."""
+    'decoder_input_ids=1,16:int64' passes the input to forward by keyword (``archscan.load.specs``)."""
     shape, dtype, name = split_input_spec(text)
     return InputSpec(shape, parse_dtype(dtype), name, split_values(text.strip())[1])
 
@@ -393,7 +396,7 @@ def resolve_target(target: str, allow_pickle: bool = False) -> ModelTarget:
     if target.endswith(".pt2") and ":" not in target:
         return _load_program(target, allow_pickle)
     if target.startswith("zoo:"):
-        from . import zoo
+        from .. import zoo
 
         entry = zoo.get_entry(target[4:])
         return ModelTarget(target, entry.factory, default_inputs=entry.default_input)

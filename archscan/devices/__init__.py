@@ -2,6 +2,10 @@
 
 Below every stage that allocates for real: the capture's eager fallback checks that a real run
 fits, and the measurement checks the device before it times anything.
+
+Modules: this ``__init__`` (free memory, short-of messages), ``gpus`` (named GPUs' memory for
+``--memory h100``). The datasheet profiles that predict time live with the measurement
+(``archscan.measure.profile``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import sysconfig
 import traceback
 from functools import lru_cache
 
-from .errors import CaptureError
+from ..errors import CaptureError
 
-_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+_ARCHSCAN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # archscan/, this file in archscan/load/
 _NOT_MODEL_PACKAGES = ("torch", "typer", "click", "rich", "tabulate", "networkx", "_pytest", "pluggy")
 
 
@@ -38,7 +38,7 @@ def _package_dirs() -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def _dirs_of(imported: tuple[str, ...]) -> tuple[str, ...]:
-    dirs = [_THIS_DIR + os.sep]
+    dirs = [_ARCHSCAN_DIR + os.sep]
     for name in imported:
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .results import NodeReport, Report, module_and_ancestors
+from ..results import NodeReport, Report, module_and_ancestors
 
 FRAGMENT_CATEGORIES = frozenset({"conv", "grouped_conv", "depthwise_conv", "pooling"})
 ELEMENTWISE_CATEGORIES = frozenset({"activation", "elementwise", "norm"})  # + depthwise conv for G4

@@ -17,10 +17,18 @@ Three ways; the report names the one used, tried in this order:
   modes; export traces the same code several times slower (HF Mamba-130m at 64 tokens: about
   22 s, against 6 s for the recording on fake tensors and 2 s in a direct run).
 
-Everything but a real eager run works without weights: in a direct run (``archscan.direct``:
+Everything but a real eager run works without weights: in a direct run (``archscan.capture.direct``:
 weights on the meta device, CPU activations, matrix products by shape) where it gives the same
 answer cheaply, else on fake tensors (``FakeTensorMode``): no weights are allocated and nothing
 large is computed, so a 70B-parameter model is analysed in seconds on a laptop.
+
+Takes the scan's build of the model (``archscan.load``) and its input specs; gives ``Captured``:
+the graph, its per-node costs, what the observers handed in found, notes on the path taken.
+
+Modules: this ``__init__`` (the order of attempts, fx, export, the recording on fake tensors),
+``direct`` (the direct run on meta weights), ``eager`` (the recording's graph, a real run),
+``graphmodule`` (a GraphModule from recorded nodes), ``nocompile`` (the compiler guard: keeps
+``torch._dynamo`` unloaded while the command analyses).
 """
 
 from __future__ import annotations
@@ -40,17 +48,17 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from . import direct
-from .building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
-                       meta_instance, on_meta, strip_user_hooks)
-from .costs import storage_key
-from .devices import short_of
+from ..load.building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
+                             meta_instance, on_meta, strip_user_hooks)
+from ..costs import storage_key
+from ..devices import short_of
 from .eager import capture_eager
-from .errors import ArchscanError, CaptureError, DeviceError
-from .frames import at, is_user_file, short, where
+from ..errors import ArchscanError, CaptureError, DeviceError
+from ..load.frames import at, is_user_file, short, where
 from .graphmodule import graph_module
-from .loading import InputSpec, ModelTarget
-from .recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values, output_tensors,
-                        python_stack, quiet, shape_str, source_of)
+from ..load.targets import InputSpec, ModelTarget
+from ..load.recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values,
+                              output_tensors, python_stack, quiet, shape_str, source_of)
 
 __all__ = ["Captured", "NodeCosts", "Observer", "between_products", "capture", "capture_context", "module_stack", "source_of",
            "trace_export", "trace_fx"]
@@ -79,7 +87,7 @@ class Observer(Protocol):
 
     ``mode(model)`` gives a dispatch mode the run stacks between the tensors and the cost
     recorder; after the run ``result(mode, output, model)`` says what it found, kept in
-    ``Captured.observed[key]``. The direct run (``archscan.direct``) carries observers: it is
+    ``Captured.observed[key]``. The direct run (``archscan.capture.direct``) carries observers: it is
     cheap where it runs. Where the capture takes another path the key is absent and the stage
     finds what it needs itself (``archscan.prune.analyse``), or goes without (a memory figure on
     the captured graph's lifetimes). A mode with a ``where`` attribute is told the fx node that
@@ -436,7 +444,7 @@ def state_kept(model: nn.Module):
 
 
 def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
-    """A direct run (``archscan.direct``) is tried for a model archscan builds itself, or an
+    """A direct run (``archscan.capture.direct``) is tried for a model archscan builds itself, or an
     instance on the CPU whose floating-point weights are float32 (copied with them on the meta
     device; lazy modules need a real first forward), not for a program; in float32, on float32 or
     integer inputs."""
@@ -461,7 +469,7 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
 
 def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
                 observers: Sequence[Observer] = (), failures: dict | None = None, training: bool = False) -> Captured | None:
-    """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.direct``: CPU
+    """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.capture.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
     the fake path then runs (and says what is wrong, if anything is). Why fx could not trace
     the model goes in ``failures["fx"]``."""

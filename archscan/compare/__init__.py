@@ -18,7 +18,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .errors import ArchscanError
+from ..errors import ArchscanError
 
 SCHEMA = "archscan.compare/1"
 GUIDELINES = ("G1", "G2", "G3", "G4")
@@ -68,7 +68,7 @@ class Comparison:
 
 def expand(targets: Sequence[str]) -> list[str]:
     """Zoo patterns (``zoo:shufflenet_v2_*``) become the zoo names they match, sorted; others stay."""
-    from .zoo._catalog import catalog
+    from ..zoo._catalog import catalog
 
     out: list[str] = []
     for target in targets:
@@ -88,7 +88,7 @@ def jobs(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequen
     one model are joined by ``;`` (``'1,128:int64;attention_mask=1,128:int64'``). ``MODEL@SET``
     overrides the sets for that model. A batch size replaces the first dimension of every input.
     A wrong ``--input`` is an error; a wrong model (or its own inputs) is a job that fails."""
-    from .specs import check_arguments, split_input_spec
+    from ..load.specs import check_arguments, split_input_spec
 
     for text in input_sets:
         for spec in text.split(";"):
@@ -113,7 +113,7 @@ def jobs(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Sequen
 
 def with_batch(specs: Sequence[str], batch: int) -> list[str]:
     """The specs with their first dimension set to ``batch``."""
-    from .specs import spec_text, split_input_spec, split_values
+    from ..load.specs import spec_text, split_input_spec, split_values
 
     out = []
     for text in specs:
@@ -124,7 +124,7 @@ def with_batch(specs: Sequence[str], batch: int) -> list[str]:
 
 def row(report, job: Job) -> dict:
     """The comparison row of one report."""
-    from .graph import elementwise_mac_bytes
+    from ..graph import elementwise_mac_bytes
 
     t = report.totals
     latency = report.latency or {}
@@ -137,7 +137,7 @@ def row(report, job: Job) -> dict:
            "findings": _rule_counts(report)}
     if report.memory:
         out["peak_bytes"] = report.memory["peak_bytes"]  # the inference forward's peak (archscan.memory)
-    if report.kv_cache:  # --decode: the cache and one decode step (archscan.decode)
+    if report.kv_cache:  # --decode: the cache and one decode step (archscan.llm.decode)
         decode, kv = report.phases["decode"], report.kv_cache
         at_32k = (kv.get("fixed_bytes_per_sequence", 0) + kv["bytes_per_token"] * 32768) * kv["batch"]
         out.update(kv_bytes_per_token=kv["bytes_per_token"], kv_bytes_32k=at_32k,
@@ -237,9 +237,9 @@ def compare(targets: Sequence[str], input_sets: Sequence[str] = (), batches: Seq
         decode, decode_on: one decode step after a cache of ``decode`` tokens (the inputs are the
             new tokens), predicted on ``profile`` and each of ``decode_on``: the rows gain KV bytes
             per token and at 32k tokens, the step's bytes and tokens/s per GPU.
-        allow_pickle: a ``.pt2`` target may run code pickled inside it (``archscan.loading._load_program``).
+        allow_pickle: a ``.pt2`` target may run code pickled inside it (``archscan.load.targets._load_program``).
     """
-    from .loading import resolve_target
+    from ..load.targets import resolve_target
 
     if sort is not None and sort not in SORT_KEYS:
         raise ArchscanError(f"unknown --sort {sort!r}", hint=f"use one of: {', '.join(SORT_KEYS)}")
@@ -289,6 +289,6 @@ def _device(latency: dict) -> str | None:
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, ArchscanError):
         return str(exc)
-    from .frames import short
+    from ..load.frames import short
 
     return short(exc)

@@ -41,7 +41,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .costs import tensors_in
+from ..costs import tensors_in
 
 aten = torch.ops.aten
 

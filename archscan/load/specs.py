@@ -1,5 +1,5 @@
 """The syntax of ``--input`` and ``--dtype``, checked without importing torch, so a typo on the
-command line costs a tenth of a second, not the two of a torch import. ``archscan.loading``
+command line costs a tenth of a second, not the two of a torch import. ``archscan.load.targets``
 turns the checked text into torch dtypes and ``InputSpec``s.
 """
 
@@ -10,7 +10,7 @@ import os
 import re
 from typing import Callable
 
-from .errors import ArchscanError
+from ..errors import ArchscanError
 
 # dtypes a model input can have: quantized, complex and float8 tensors cannot be made as random
 # example inputs, and models take them through their own conversion code
@@ -66,7 +66,7 @@ def spec_text(shape, dtype: str, name: str | None = None, values: tuple[int, int
 def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
     """'1,3,224,224' -> ((1, 3, 224, 224), 'float32', None); '1,128:int64' for token ids;
     'decoder_input_ids=1,16:int64' passes the input to forward by keyword. Unknown dtype names
-    come back as written, for ``archscan.loading`` to judge. Values (``=1..50``, ``split_values``)
+    come back as written, for ``archscan.load.targets`` to judge. Values (``=1..50``, ``split_values``)
     are checked and left out."""
     raw = split_values(text.strip())[0]
     name, eq, rest = raw.partition("=")
@@ -100,7 +100,7 @@ def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
 
 def check_arguments(target: str, inputs: list[str] | None, dtype: str | None) -> None:
     """The model argument (``check_target``), every ``--input`` and the ``--dtype`` well formed
-    (dtype names torch may know are left to ``archscan.loading``, which says whether they are
+    (dtype names torch may know are left to ``archscan.load.targets``, which says whether they are
     unknown or unsupported)."""
     check_target(target)
     for text in inputs or []:
@@ -113,13 +113,13 @@ def check_arguments(target: str, inputs: list[str] | None, dtype: str | None) ->
 
 def check_target(target: str) -> None:
     """The model argument names something that is there: a .pt2 or .py file that exists, a zoo
-    model, or ``module:name`` (imported later, by ``archscan.loading``)."""
+    model, or ``module:name`` (imported later, by ``archscan.load.targets``)."""
     if target.endswith(".pt2") and ":" not in target:
         if not os.path.isfile(target):
             raise ArchscanError(f"no such file: {target}", hint="give the path of a .pt2 file written by torch.export.save")
         return
     if target.startswith("zoo:"):
-        from .zoo._catalog import catalog
+        from ..zoo._catalog import catalog
 
         name, names = target[4:], catalog()
         if name not in names:

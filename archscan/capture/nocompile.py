@@ -150,7 +150,7 @@ class _Standin(types.ModuleType):
     ``__file__``) do not."""
 
     def __init__(self, config: types.ModuleType) -> None:
-        super().__init__(_NAME, "stands in for torch._dynamo until it is used (archscan.nocompile)")
+        super().__init__(_NAME, "stands in for torch._dynamo until it is used (archscan.capture.nocompile)")
         self.config = config
         self.__path__ = [os.path.dirname(config.__file__)]
 

@@ -18,12 +18,12 @@ import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .building import Call
-from .costs import storage_key, tensors_in
-from .errors import CaptureError
-from .frames import at, short
+from ..load.building import Call
+from ..costs import storage_key, tensors_in
+from ..errors import CaptureError
+from ..load.frames import at, short
 from .graphmodule import graph_module
-from .recording import NodeCosts, OpRecorder, first_tensor, output_tensors, python_stack, quiet
+from ..load.recording import NodeCosts, OpRecorder, first_tensor, output_tensors, python_stack, quiet
 
 
 _PLAIN_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)

@@ -16,8 +16,8 @@ import torch.fx
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .costs import OpCost, cost_op, storage_key, tensors_in, topk_routing
-from .costs.kernels import run_op
+from ..costs import OpCost, cost_op, storage_key, tensors_in, topk_routing
+from ..costs.kernels import run_op
 from .frames import is_user_file, where
 
 

@@ -22,14 +22,14 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
-from .capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
-from .costs import CATEGORIES, MASK_ELEMENTS, bound_arguments, mask_pairs, storage_key
-from .frames import exit_error
-from .memory import MemoryObserver, forward_memory
-from .loading import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
-                      to_target)
-from .results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
-from .rules import RuleContext, run_rules, select_rules
+from ..capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
+from ..costs import CATEGORIES, MASK_ELEMENTS, bound_arguments, mask_pairs, storage_key
+from ..load.frames import exit_error
+from ..memory import MemoryObserver, forward_memory
+from ..load.targets import (InputLike, InputSpec, ModelTarget, check_kwargs, dtype_name, input_specs, model_dtype,
+                            to_target)
+from ..results import ModuleReport, NodeReport, Report, Totals, module_and_ancestors
+from ..rules import RuleContext, run_rules, select_rules
 
 
 @dataclass(frozen=True)
@@ -416,7 +416,7 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
     """Tensors fx baked as constants that forward builds on the host each call.
 
     fx runs code that reads no proxy while it traces and bakes the result in as ``_tensor_constant*``.
-    archscan builds every parameter and buffer as a fake or meta tensor (``archscan.direct``) and fx
+    archscan builds every parameter and buffer as a fake or meta tensor (``archscan.capture.direct``) and fx
     traces outside fake mode, so a fake or meta constant was computed from them
     (``self.relative_position_index.view(-1)`` in Swin, BEiT, MaxViT): it lives wherever the model does, as does a constant sharing the storage of a parameter
     or buffer the graph holds. A real one was made by host code (``torch.tensor([1.0])`` in forward).

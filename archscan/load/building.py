@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -17,9 +18,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.overrides import TorchFunctionMode
 
-from .errors import ArchscanError, CaptureError
+from ..errors import ArchscanError, CaptureError
 from .frames import at, short
-from .loading import InputSpec, ModelTarget
+from .targets import InputSpec, ModelTarget
 from .recording import quiet
 
 
@@ -140,6 +141,8 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     """Construct the model without allocating weights (fake tensors); ``specs`` give lazy modules
     (``nn.LazyLinear``...) the first forward that decides their weights' shapes. ``meta``: the
     model already built by ``build_meta``, wrapped instead of building another."""
+    if meta is None and target.built is not None:
+        meta = meta_instance(target.built)  # wrapped in place: a copy, the build stays as it was
     if meta is not None:
         return _prepare(_meta_to_fake(meta, fake_mode), dtype, fake_mode)
     if target.instance is not None:
@@ -166,8 +169,24 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     return _prepare(_fakeify(model, fake_mode), dtype, fake_mode)
 
 
+def with_build(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = ()) -> ModelTarget:
+    """The target with its model built once on the meta device (``ModelTarget.built``), for a scan
+    whose stages (the capture, the inference memory, the training step, the budget's searches, the
+    decode phases) each need a copy: the user's constructor runs once. A constructor that fails
+    on the meta device (it needs values) keeps the target as it is: each stage builds it as before."""
+    if target.factory is None or target.instance is not None or target.built is not None:
+        return target
+    try:
+        return dataclasses.replace(target, built=build_meta(target, kwargs, specs))
+    except Exception:
+        return target
+
+
 def build_meta(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = ()) -> nn.Module:
-    """Construct the model on the meta device, initialisers skipped (no memory, no values)."""
+    """Construct the model on the meta device, initialisers skipped (no memory, no values); a
+    copy of ``target.built`` where the scan built it already."""
+    if target.built is not None:
+        return meta_instance(target.built)
     with torch.device("meta"), _SkipInit(), quiet():
         model = target.build(kwargs)
         _materialize_lazy(model, specs, torch.device("meta"))
