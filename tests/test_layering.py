@@ -159,3 +159,17 @@ def test_the_reader_sees_imports(tmp_path, name, source, target):
     path.write_text(source)
     found = [t for t, _ in imports(name, str(path), set(modules()))]
     assert found == ([target] if target else [])
+
+
+def test_the_top_holds_entry_points_and_what_every_stage_shares():
+    """At most nine modules at the top of archscan/; every stage is a package whose ``__init__``
+    says what it takes and gives (a docstring)."""
+    folder = PACKAGES["archscan"]
+    top = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert len(top) <= 9, top
+    packages = [d for d in os.listdir(folder) if os.path.isfile(os.path.join(folder, d, "__init__.py"))]
+    assert {"load", "capture", "costs", "memory", "llm", "devices", "graph", "rules", "analysis", "measure",
+            "transform", "prune", "distill", "recommend", "compare", "report"} <= set(packages)
+    for package in packages:
+        tree = ast.parse(open(os.path.join(folder, package, "__init__.py"), encoding="utf-8").read())
+        assert ast.get_docstring(tree), f"archscan/{package}/__init__.py says nothing of what the stage does"
