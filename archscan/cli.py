@@ -24,8 +24,9 @@ app = typer.Typer(add_completion=True, pretty_exceptions_enable=False,
                        "Main job: archscan MODEL --input 1,3,224,224   (MODEL = file.py:Name | pkg.mod:factory | zoo:name)\n\n"
                        "Add --debug to any command to see the traceback of an error.")
 
-_ALLOW_PICKLE_HELP = ("a .pt2 target may run code pickled inside it while it loads (torch.export.load's unrestricted "
-                      "unpickling): only for files you trust; without it such a file is refused")
+AllowPickle = Annotated[bool, typer.Option(
+    "--allow-pickle", help="a .pt2 target may run code pickled inside it while it loads (torch.export.load's "
+                           "unrestricted unpickling): only for files you trust; without it such a file is refused")]
 _SUBCOMMANDS = {"scan", "compare", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
 
 
@@ -58,7 +59,7 @@ def scan_cmd(
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="exit 1 when a finding is at least this severe: info, warning or error")] = None,
     report_path: Annotated[Optional[str], typer.Option("--report", help="also write a self-contained HTML report (plots inline) here")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Analyse a model: per-layer params, FLOPs (multiply-adds), memory access cost, guideline findings."""
     # every option is checked before the model is imported or built: a typo costs no analysis
@@ -164,7 +165,7 @@ def fuse_cmd(
     measure: Annotated[bool, typer.Option("--measure", help="time the original and the fused model end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N] (default: cuda when available)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.fuse/1)")] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
     check_arguments(model, input, dtype)
@@ -211,7 +212,7 @@ def prune_cmd(
     measure: Annotated[bool, typer.Option("--measure", help="time the original and the pruned model end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="with --measure: cpu or cuda[:N]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.prune/1, or archscan.groups/1 with --list)")] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
     check_arguments(model, input, None)
@@ -273,7 +274,7 @@ def distill_cmd(
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="build the student in this dtype: float32, bfloat16, float16")] = None,
     eval_mode: Annotated[bool, typer.Option("--eval", help="export the student in eval mode (running statistics, dropout off) instead of training mode")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.distill/1)")] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
     check_arguments(model, input, None)
@@ -367,7 +368,7 @@ def compare_cmd(
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="also write a Markdown report here")] = None,
     decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens after a KV cache of this many tokens: KV bytes per token and at 32k, the step's bytes, tokens/s per --device-profile")] = None,
     device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="named GPUs to predict on from their datasheets, comma-separated (h100,h200); the first predicts every column")] = None,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help=_ALLOW_PICKLE_HELP)] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Compare models side by side: params, FLOPs, MAC, latency, guideline findings, top recommendation."""
     from .compare import SORT_KEYS, jobs

@@ -15,6 +15,7 @@ nothing can be renamed over it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import stat
@@ -100,8 +101,6 @@ def _error(label: str, exc: OSError) -> ArchscanError:
     hint = {"ENOSPC": "free some disk space", "EFBIG": "the file size limit (ulimit -f) is too small",
             "EROFS": "choose a path on a writable file system", "EACCES": "choose a writable path",
             "EPERM": "choose a writable path", "EDQUOT": "free some of your disk quota"}
-    import errno
-
     return ArchscanError(f"cannot write {label}: {reason}", hint=hint.get(errno.errorcode.get(exc.errno or 0, ""),
                                                                            "nothing was written there"))
 
