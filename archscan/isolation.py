@@ -12,7 +12,8 @@ The caller's global torch state is saved before the call and given back after it
 model's file or the analysis did to it: grad mode, inference mode, anomaly detection,
 deterministic algorithms (and warn-only), ``cudnn.benchmark``/``deterministic``/``enabled``, TF32
 and float32 matmul precision, the SDPA backends, the default dtype, the default device and the
-CPU thread count (the RNG is given back by ``capture.seeded_rng``). The call itself runs with grad
+CPU thread count (the RNG is given back by ``capture.seeded_rng``); and Python's ``sys.path`` (a
+model file's directory is put on it while the file is imported) and warning filters. The call itself runs with grad
 enabled, outside inference mode and with the CPU as the default device, whatever the caller set.
 """
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
+import warnings
 from typing import Any, Callable, TypeVar
 
 _LOCK = threading.RLock()
@@ -84,6 +87,7 @@ def _default_device() -> Any:
 def _state_kept():
     import torch
 
+    path, filters = list(sys.path), list(warnings.filters)  # a model file's directory, its warning filters
     settings = _settings()
     saved = {}
     for key, (read, _) in settings.items():
@@ -103,3 +107,6 @@ def _state_kept():
                     write(value)
         if _default_device() != device:
             torch.set_default_device(device)
+        sys.path[:] = [p for p in sys.path if p in path] + [p for p in path if p not in sys.path]
+        warnings.filters[:] = filters
+        warnings._filters_mutated()  # the module's cache of what it already warned about
