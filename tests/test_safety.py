@@ -453,3 +453,10 @@ def test_python_dash_m_and_shell_completion(tmp_path):
     done = subprocess.run([sys.executable, "-m", "archscan", "--show-completion", "bash"], capture_output=True,
                           text=True, env=ENV)
     assert done.returncode == 0 and "_ARCHSCAN_COMPLETE=complete_bash" in done.stdout, done.stderr
+
+
+def test_a_directory_named_like_a_program(capsys, tmp_path):
+    folder = tmp_path / "model.pt2"
+    folder.mkdir()
+    code, out, err = run(capsys, folder)
+    assert code == 2 and "is a directory, not a file" in one_error_line(err)

@@ -116,7 +116,8 @@ def check_target(target: str) -> None:
     model, or ``module:name`` (imported later, by ``archscan.load.targets``)."""
     if target.endswith(".pt2") and ":" not in target:
         if not os.path.isfile(target):
-            raise ArchscanError(f"no such file: {target}", hint="give the path of a .pt2 file written by torch.export.save")
+            raise ArchscanError(f"{target} is a directory, not a file" if os.path.isdir(target) else f"no such file: {target}",
+                                hint="give the path of a .pt2 file written by torch.export.save")
         return
     if target.startswith("zoo:"):
         from ..zoo._catalog import catalog
