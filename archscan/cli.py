@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from .errors import ArchscanError, DeviceError, Terminated, VerifyError
-from .files import write_file
+from .files import check_writable, write_file
 from .load.specs import check_arguments
 
 app = typer.Typer(add_completion=True, pretty_exceptions_enable=False,
@@ -429,14 +429,11 @@ def _batches(text: str | None) -> list[int]:
 
 
 def _check_report_paths(html_path: str | None, markdown_path: str | None, snapshot_path: str | None = None) -> None:
-    """Before any analysis: the report files can be written, and matplotlib is there for the HTML plots."""
+    """Before any analysis: the report files can be written (``files.check_writable``, as they will be), and
+    matplotlib is there for the HTML plots."""
     for path, flag in ((html_path, "--report"), (markdown_path, "--markdown"), (snapshot_path, "--memory-snapshot")):
-        if path is None:
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            why = "is a directory" if os.path.isdir(path) else f"{folder} is not a writable directory"
-            raise ArchscanError(f"cannot write {flag} {path}: {why}", hint="give a file path in a writable directory")
+        if path is not None:
+            check_writable(path, flag)
     if html_path is not None:
         import importlib.util
 

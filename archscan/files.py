@@ -29,15 +29,16 @@ PARTIAL_PREFIX = ".archscan-partial-"
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-def write_file(path: str | os.PathLike, contents: str | bytes | Callable[[BinaryIO], None], what: str = "") -> str:
-    """Write ``contents`` (text as UTF-8, bytes, or a function that writes to a binary file) to
-    ``path`` whole or not at all; returns the path written. ``what`` names the output in errors
-    (``"--report"``)."""
+def check_writable(path: str | os.PathLike, what: str = "") -> tuple[str, os.stat_result | None]:
+    """Refuse, with one line naming ``path``, an output that cannot be written: no name, a
+    directory, a missing or unwritable directory, an existing file ``open()`` would refuse. The
+    command line calls it before any analysis; ``write_file`` again when it writes. Returns the
+    real path (a link followed, as ``open()`` follows it) and its ``os.stat`` (None when new)."""
     path = os.fspath(path)
     label = f"{what} {path}".strip()
     if not path.strip():
         raise ArchscanError(f"cannot write {what or 'the output'}: no file name given", hint="give a file path")
-    real = os.path.realpath(path)  # a link is followed, as open() follows it
+    real = os.path.realpath(path)
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -47,13 +48,27 @@ def write_file(path: str | os.PathLike, contents: str | bytes | Callable[[Binary
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise ArchscanError(f"cannot write {label}: it is a directory", hint="give a file name")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        return _write_direct(real, contents, label)
+        return real, st  # /dev/stdout, a FIFO: written directly
     parent = os.path.dirname(real)
     if not os.path.isdir(parent):
         raise ArchscanError(f"cannot write {label}: no directory {os.path.dirname(os.path.abspath(path))}",
                             hint="create it, or pick another path")
-    if st is not None and not os.access(real, os.W_OK):  # open() would refuse it; a rename would not
+    # open() refuses a read-only file; a rename over it would not, so it is asked here
+    if not os.access(parent, os.W_OK) or (st is not None and not os.access(real, os.W_OK)):
         raise ArchscanError(f"cannot write {label}: permission denied", hint="choose a writable path")
+    return real, st
+
+
+def write_file(path: str | os.PathLike, contents: str | bytes | Callable[[BinaryIO], None], what: str = "") -> str:
+    """Write ``contents`` (text as UTF-8, bytes, or a function that writes to a binary file) to
+    ``path`` whole or not at all; returns the path written. ``what`` names the output in errors
+    (``"--report"``)."""
+    path = os.fspath(path)
+    label = f"{what} {path}".strip()
+    real, st = check_writable(path, what)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return _write_direct(real, contents, label)
+    parent = os.path.dirname(real)
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
     temporary = None
     with _signals_noted() as pending:
@@ -96,13 +111,14 @@ def _write_direct(path: str, contents, label: str) -> str:
     return path
 
 
+_HINTS = {"ENOSPC": "free some disk space", "EFBIG": "the file size limit (ulimit -f) is too small",
+          "EROFS": "choose a path on a writable file system", "EACCES": "choose a writable path",
+          "EPERM": "choose a writable path", "EDQUOT": "free some of your disk quota"}
+
+
 def _error(label: str, exc: OSError) -> ArchscanError:
-    reason = exc.strerror or str(exc)
-    hint = {"ENOSPC": "free some disk space", "EFBIG": "the file size limit (ulimit -f) is too small",
-            "EROFS": "choose a path on a writable file system", "EACCES": "choose a writable path",
-            "EPERM": "choose a writable path", "EDQUOT": "free some of your disk quota"}
-    return ArchscanError(f"cannot write {label}: {reason}", hint=hint.get(errno.errorcode.get(exc.errno or 0, ""),
-                                                                           "nothing was written there"))
+    hint = _HINTS.get(errno.errorcode.get(exc.errno or 0, ""), "nothing was written there")
+    return ArchscanError(f"cannot write {label}: {exc.strerror or exc}", hint=hint)
 
 
 def _umask() -> int:
