@@ -47,6 +47,12 @@ _TABLE = [
     (("mi300x",), 192, "AMD Instinct MI300X datasheet (192 GB)"),
 ]
 
+# Streaming multiprocessors (``multiProcessorCount``) by the first name of each line, which sizes
+# the grids torch's CUDA kernels launch (NVIDIA's architecture whitepapers and datasheets).
+SMS = {"h100": 132, "h100-pcie": 114, "h100-nvl": 132, "h200": 132, "b200": 148, "a100-80gb": 108,
+       "a100-40gb": 108, "l40s": 142, "l40": 142, "l4": 58, "a10": 72, "t4": 40, "v100-32gb": 80,
+       "v100-16gb": 80, "rtx4090": 128, "rtx3090": 82, "a6000": 84}
+
 GPUS: dict[str, GPU] = {alias: GPU(names[0], gib * GiB, source, *rest) for names, gib, source, *rest in _TABLE
                         for alias in names}
 
