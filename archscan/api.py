@@ -21,6 +21,7 @@ from .load.frames import exit_error
 from .isolation import isolated
 from .load.building import with_build
 from .load.targets import InputLike, check_kwargs, input_specs, model_dtype, to_target
+from .memory.gpu import CPU, Execution, execution_for, executing, of_device, of_gpu
 from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .recommend import recommend as _recommend
@@ -36,7 +37,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          measure: MeasureOptions | bool | None = None, profile: DeviceProfile | bool | None = None,
          recommend: bool = True, train: TrainOptions | bool | None = None,
          memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None,
-         decode_on: Sequence[DeviceProfile] = (), allow_pickle: bool = False) -> Report:
+         decode_on: Sequence[DeviceProfile] = (), allow_pickle: bool = False,
+         execution: str | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Safe to call from several threads: calls take turns on one process-wide lock, and the
@@ -77,6 +79,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             half, gradient accumulation, in-place activations): ``report.memory["what_ifs"]``.
         allow_pickle: a ``.pt2`` target may run code pickled inside it while it loads; without it
             such a file is refused (``archscan.load.targets._load_program``). Only for files you trust.
+        execution: whose kernels the memory is counted for: 'cpu' or a GPU's name ('h100'); None
+            chooses from the question: a GPU measured on or predicted on (``profile``), or a GPU
+            named as the budget (``memory='h100'``), else the CPU (``archscan.memory.gpu``).
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -101,8 +106,9 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         check_decode(specs, decode)
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
+    runs_as = _execution(execution, profile, memory, options)
     try:
-        with seeded_rng(), collector_paused():
+        with seeded_rng(), collector_paused(), executing(runs_as):
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
                            recommend, train, budget, what_ifs, decode, decode_on)
             return report
@@ -144,6 +150,31 @@ def fuse(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     with seeded_rng():
         return _fuse(target, specs, kwargs=kwargs, dtype=dtype, weights=weights, path=path, attention=attention,
                      rtol=rtol, atol=atol, device=device)
+
+
+def _execution(name: str | None, profile, memory, options: MeasureOptions | None) -> Execution:
+    """The execution model the question is about (``scan``'s ``execution``)."""
+    from .devices.gpus import GPUS, gpu, gpu_named_like
+
+    if name is not None:
+        try:
+            return execution_for(name)
+        except ValueError:
+            names = ", ".join(sorted({g.name for g in GPUS.values() if g.capability is not None}))
+            raise ArchscanError(f"no execution model for {name!r}", hint=f"use cpu or a GPU: {names}") from None
+    if options is not None:
+        device = check_options(options)[0]
+        if device.type == "cuda":
+            return of_device(device)
+    if isinstance(profile, DeviceProfile) and profile.device.startswith("cuda"):
+        named = gpu(profile.name.split(" (")[0]) or gpu_named_like(profile.name)
+        if named is not None:
+            return of_gpu(named)
+        if torch.cuda.is_available():
+            return of_device(torch.device(profile.device))
+    if isinstance(memory, str) and gpu(memory) is not None:
+        return of_gpu(gpu(memory))
+    return CPU
 
 
 def _budget(memory: str | int | None, specs) -> "Budget | None":

@@ -22,6 +22,12 @@ class GPU:
     bf16_tflops: float | None = None      # dense tensor cores (the datasheets' "with sparsity" figures halved)
     bandwidth_tbs: float | None = None    # memory bandwidth, TB/s
 
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """CUDA compute capability (major, minor), which decides the kernels torch picks; None for
+        a GPU CUDA does not run (MI300X)."""
+        return CAPABILITY.get(self.name)
+
 
 # name -> GPU; the first name of each line is the one reports use. Compute and bandwidth where a
 # datasheet profile (``--device-profile``) is offered: dense FP32 and BF16 TFLOPS (2 per
@@ -47,6 +53,12 @@ _TABLE = [
     (("mi300x",), 192, "AMD Instinct MI300X datasheet (192 GB)"),
 ]
 
+# CUDA compute capability by the first name of each line (NVIDIA's CUDA GPUs table).
+CAPABILITY = {"h100": (9, 0), "h100-pcie": (9, 0), "h100-nvl": (9, 0), "h200": (9, 0), "b200": (10, 0),
+              "a100-80gb": (8, 0), "a100-40gb": (8, 0), "l40s": (8, 9), "l40": (8, 9), "l4": (8, 9),
+              "a10": (8, 6), "t4": (7, 5), "v100-32gb": (7, 0), "v100-16gb": (7, 0), "rtx4090": (8, 9),
+              "rtx3090": (8, 6), "a6000": (8, 6)}
+
 # Streaming multiprocessors (``multiProcessorCount``) by the first name of each line, which sizes
 # the grids torch's CUDA kernels launch (NVIDIA's architecture whitepapers and datasheets).
 SMS = {"h100": 132, "h100-pcie": 114, "h100-nvl": 132, "h200": 132, "b200": 148, "a100-80gb": 108,
@@ -60,3 +72,13 @@ GPUS: dict[str, GPU] = {alias: GPU(names[0], gib * GiB, source, *rest) for names
 def gpu(name: str) -> GPU | None:
     """The GPU of that name (case and ``_``/`` `` ignored: 'H100', 'a100_40gb'), or None."""
     return GPUS.get(name.strip().lower().replace("_", "-").replace(" ", "-"))
+
+
+def gpu_named_like(device_name: str) -> GPU | None:
+    """The GPU a driver's device name stands for ('NVIDIA H100 80GB HBM3' -> h100,
+    'NVIDIA A100-SXM4-40GB' -> a100-40gb): the longest name whose every part is a word of it."""
+    words = set(device_name.lower().replace("_", " ").replace("-", " ").split())
+    for alias in sorted(GPUS, key=len, reverse=True):
+        if all(part in words for part in alias.split("-")):
+            return GPUS[alias]
+    return None

@@ -181,16 +181,35 @@ def shape_str(value) -> str:
 
 @contextlib.contextmanager
 def quiet():
-    """Silence torch's logging and warnings while a capture attempt may fail noisily."""
+    """Silence torch's logging and warnings while a capture attempt may fail noisily; the model
+    runs inside see archscan's inputs as a real run would (``_unpacked_sequences``)."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
+                contextlib.redirect_stderr(io.StringIO()), _unpacked_sequences():
             warnings.simplefilter("ignore")
             yield
     finally:
         logging.disable(previous)
+
+
+@contextlib.contextmanager
+def _unpacked_sequences():
+    """transformers' mask creation looks for packed sequences in the position ids and, on a fake
+    tensor (which it takes for tracing), cannot rule them out: it then builds an explicit mask,
+    where a real run passes none and lets attention apply ``is_causal`` (another kernel, other
+    saved tensors). archscan's inputs never pack sequences, so the search finds none here."""
+    masking = sys.modules.get("transformers.masking_utils")
+    find = getattr(masking, "find_packed_sequence_indices", None)
+    if find is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = find
 
 
 def source_of(node: torch.fx.Node) -> str | None:

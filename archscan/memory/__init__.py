@@ -7,7 +7,9 @@ makes one; otherwise the forward runs once more on the capture's model (``forwar
 where that cannot run either, the observer's figure from the capture's direct run (the captured
 graph's lifetimes) stands.
 ``archscan.memory.train`` analyses a whole training step; ``snapshot`` writes a run in PyTorch's
-memory snapshot format.
+memory snapshot format. Every run is counted as the current execution model runs it
+(``archscan.memory.gpu``: the CPU's kernels, or a named GPU's, whose caching allocator
+``allocator.py`` simulates: the ``cuda`` entry of the summary).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..capture import direct
 from ..load.building import global_hooks_set_aside, make_call, on_meta
 from ..load.targets import InputSpec
 from ..load.recording import module_stack, quiet, source_of, user_line
+from .gpu import allocator_peaks, current
 from .tracker import CATEGORIES, MemoryTracker, Peak
 
 __all__ = ["CATEGORIES", "MemoryObserver", "MemoryTracker", "Peak", "forward_memory", "snapshot", "summary"]
@@ -143,6 +146,8 @@ def summary(tracker: MemoryTracker, extra: dict | None = None) -> dict:
                      **place(t["where"], tracker.called_at.get(t["where"]) if isinstance(t["where"], str) else None)}
                     for t in peak.largest],
         "timeline": tracker.timeline(),
+        "execution": current().to_json(),
+        **({"cuda": allocator_peaks(tracker.log)} if current().is_gpu else {}),
         **(extra or {}),
     }
 

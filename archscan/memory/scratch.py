@@ -1,13 +1,16 @@
-"""Scratch a kernel allocates inside itself, invisible at the dispatcher: one registry, keyed by op.
+"""Scratch a kernel allocates inside itself, invisible at the dispatcher: one registry, keyed by
+the execution model (``archscan.memory.gpu``: the CPU's kernels or a GPU's) and the op.
 
 Each entry takes the op's arguments and result (fake tensors: shapes, dtypes, strides) and
-returns the bytes the kernel holds at its worst moment on top of the result it returns. They
-are the CPU kernels' (what the tests' oracle, the CPU allocator under ``torch.profiler``, sees);
-a GPU's cuDNN/cuBLAS workspaces come from their own pools and are not modelled.
+returns the bytes the kernel holds at its worst moment on top of the result it returns.
 
-Read from the allocator's events of torch 2.13's CPU kernels (oneDNN convolution, whose choices
-differ between AVX-512 and AVX2 CPUs: ``onednn_block``): ``benchmarks/probe_scratch.py`` prints
-them for any shape.
+The CPU's entries are read from the allocator's events of torch 2.13's CPU kernels (oneDNN
+convolution, whose choices differ between AVX-512 and AVX2 CPUs: ``onednn_block``), what the
+tests' oracle, the CPU allocator under ``torch.profiler``, sees: ``benchmarks/probe_scratch.py``
+prints them for any shape. The GPU's are the workspaces torch 2.11's CUDA kernels take from the
+caching allocator, read from the allocator's events recorded on an H200 (``tests/gpu_truth``):
+the fused attention backwards, and the reductions' staging buffers (``reduction.py``). cuBLAS's workspace is allocated once per process and kept
+(``gpu.LIBRARY_BYTES``), not per op.
 """
 
 from __future__ import annotations
@@ -17,26 +20,31 @@ from typing import Any, Callable
 
 import torch
 
+from .gpu import current
+from .reduction import reduction_scratch, threads_per_sm
+
 aten = torch.ops.aten
 
 Scratch = Callable[..., int]
-_SCRATCH: dict[Any, Scratch] = {}
+_SCRATCH: dict[str, dict[Any, Scratch]] = {"cpu": {}, "cuda": {}}
 
 
-def register_scratch(*ops) -> Callable[[Scratch], Scratch]:
-    """Register a scratch formula for the ops (OpOverloadPackets); each op has one."""
+def register_scratch(*ops, on: str = "cpu") -> Callable[[Scratch], Scratch]:
+    """Register a scratch formula for the ops (OpOverloadPackets) under one execution model
+    ('cpu' or 'cuda'); each op has one there."""
     def wrap(fn: Scratch) -> Scratch:
         for op in ops:
-            if op in _SCRATCH:
-                raise ValueError(f"scratch formula for {op} registered twice")
-            _SCRATCH[op] = fn
+            if op in _SCRATCH[on]:
+                raise ValueError(f"{on} scratch formula for {op} registered twice")
+            _SCRATCH[on][op] = fn
         return fn
     return wrap
 
 
 def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
-    """The transient bytes of ``func`` beyond its result (0 for an op with no entry)."""
-    fn = _SCRATCH.get(func.overloadpacket)
+    """The transient bytes of ``func`` beyond its result under the current execution model (0
+    for an op with no entry)."""
+    fn = _SCRATCH["cuda" if current().is_gpu else "cpu"].get(func.overloadpacket)
     if fn is None:
         return 0
     try:
@@ -214,12 +222,89 @@ def _blas_ready(t) -> bool:
 
 
 @register_scratch(aten.mm, aten.bmm)
+@register_scratch(aten.mm, aten.bmm, on="cuda")
 def matmul_scratch(a, b, *, out):
-    """The CPU kernel copies an operand BLAS cannot read as it is (a broadcast one, such as the
-    gradient of a sum, ``ones.expand(n, m)``) to a contiguous matrix first."""
+    """The kernel copies an operand BLAS cannot read as it is (a broadcast one, such as the
+    gradient of a sum, ``ones.expand(n, m)``) to a contiguous matrix first: the CPU's and cuBLAS's."""
     return sum(nbytes(t) for t in (a, b) if t.device.type == "cpu" and not _blas_ready(t))
 
 
 @register_scratch(aten.addmm, aten.baddbmm)
+@register_scratch(aten.addmm, aten.baddbmm, on="cuda")
 def addmm_scratch(bias, a, b, *, out, **kwargs):
     return matmul_scratch(a, b, out=out)
+
+
+# --- the GPU's kernels --------------------------------------------------------------------------------
+
+
+def _rounded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@register_scratch(aten._scaled_dot_product_efficient_attention_backward, on="cuda")
+def efficient_attention_backward_scratch(grad_out, q, k, v, attn_bias, out_, logsumexp, *rest, out, **kwargs):
+    """The memory-efficient kernel's backward (torch 2.11's ``_efficient_attention_backward``):
+    grad_out copied to the kernel's layout where it is not in it; ``delta``, the row sums of
+    grad_out × out in float32 (the product, in float32, then the sums and their contiguous copy);
+    then a float32 workspace accumulating the query gradient (queries padded to 64) and 12 KiB of
+    the kernel's own, and for half-precision inputs the key and value gradients accumulated too."""
+    b, h, m, d = q.shape
+    n, dv = k.shape[-2], v.shape[-1]
+    copy = 0 if grad_out.transpose(1, 2).is_contiguous() else nbytes(grad_out)
+    product = b * h * m * dv * 4
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    delta = b * h * m * 4
+    temps = product * (3 if half else 1) + 2 * delta
+    workspace = b * h * _rounded(m, 64) * d * 4 + 12288
+    if half:
+        workspace += b * h * _rounded(n, 64) * (d + dv) * 4
+    return copy + max(temps, workspace + delta)
+
+
+@register_scratch(aten._scaled_dot_product_cudnn_attention_backward, on="cuda")
+def cudnn_attention_backward_scratch(grad_out, q, k, v, *rest, out, **kwargs):
+    """cuDNN's backward workspace: per query row a float32 query-gradient accumulator and the
+    softmax statistics (4 × head size + 4 bytes), and with grouped heads the key and value
+    gradients per query head before they are summed; 512 bytes of its own."""
+    b, hq, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[-2], v.shape[-1]
+    grouped = 2 * b * hq * sk * dv * q.element_size() if hq != hk else 0
+    return b * hq * sq * (4 * d + 4) + grouped + 512
+
+
+@register_scratch(aten._scaled_dot_product_flash_attention_backward, on="cuda")
+def flash_attention_backward_scratch(grad_out, q, k, v, *rest, out, **kwargs):
+    """FlashAttention-2's backward (``mha_bwd``): the softmax row sums and a float32 query-gradient
+    accumulator, rows padded to 128 and the head size to 32, and with grouped heads the key and
+    value gradients per query head."""
+    b, hq, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[-2], v.shape[-1]
+    rows = _rounded(sq, 128)
+    grouped = 2 * b * hq * sk * dv * q.element_size() if hq != hk else 0
+    return b * hq * rows * 4 + b * rows * hq * _rounded(d, 32) * 4 + grouped
+
+
+_REDUCTIONS = {"sum": aten.sum, "mean": aten.mean, "nansum": aten.nansum, "prod": aten.prod, "amax": aten.amax,
+               "amin": aten.amin, "var": aten.var, "std": aten.std, "all": aten.all, "any": aten.any}
+
+
+def _reduction(name: str):
+    def scratch(x, *args, out, **kwargs):
+        """Staging buffer and semaphores torch's CUDA reduction kernel takes from the caching
+        allocator when it splits each output across CTAs (``reduction.py``: torch 2.11's
+        setReduceConfig, ported)."""
+        execution = current()
+        if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or execution.sms is None:
+            return 0
+        dims = args[0] if args and isinstance(args[0], (list, tuple, int)) else kwargs.get("dim")
+        dims = [] if dims is None else [dims] if isinstance(dims, int) else list(dims)
+        keepdim = kwargs.get("keepdim", args[1] if len(args) > 1 and isinstance(args[1], bool) else False)
+        return reduction_scratch(tuple(x.shape), tuple(x.stride()), dims, x.dtype, out.dtype, execution.sms, op=name,
+                                 max_threads_per_sm=threads_per_sm(execution.capability), keepdim=keepdim,
+                                 storage_offset=x.storage_offset())
+    return scratch
+
+
+for _name, _op in _REDUCTIONS.items():
+    register_scratch(_op, on="cuda")(_reduction(_name))

@@ -40,6 +40,7 @@ from ..load.targets import InputSpec, ModelTarget
 from ..load.recording import needs_values, output_tensors, quiet, user_line
 from . import module_hooks, snapshot, summary, weights
 from .scratch import nbytes
+from .gpu import default_optimizer_impl, gpu_kernels
 from .tracker import MemoryTracker
 
 OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "momentum": 0.9}),
@@ -237,7 +238,7 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
                      if isinstance(v, torch.Tensor)]
             tracker.register([v for v, _ in state], "optimizer_state", [m for _, m in state])
             tracker.peak.bytes = tracker.bytes
-            with tracker:
+            with tracker, gpu_kernels():
                 grads = _step(model, call, optimizer, options, tracker)
     except ArchscanError:
         raise
@@ -311,7 +312,7 @@ def _checkpoint(model: nn.Module, paths: Sequence[str]) -> None:
 
 def _optimizer(params: list[nn.Parameter], options: TrainOptions) -> torch.optim.Optimizer:
     cls_name, defaults = OPTIMIZERS[options.optimizer]
-    impl = IMPLS.get(options.impl or "", {})
+    impl = IMPLS[options.impl] if options.impl else default_optimizer_impl()
     if impl.get("fused") and not all(p.is_floating_point() for p in params):
         raise ArchscanError(f"torch has no fused {options.optimizer} for these parameters", hint="use :foreach or :for-loop")
     try:
