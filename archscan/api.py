@@ -160,9 +160,9 @@ def _execution(name: str | None, profile, memory, options: MeasureOptions | None
     if name is not None:
         try:
             return execution_for(name)
-        except ValueError:
+        except ValueError as exc:
             names = ", ".join(sorted({g.name for g in GPUS.values() if g.capability is not None}))
-            raise ArchscanError(f"no execution model for {name!r}", hint=f"use cpu or a GPU: {names}") from None
+            raise ArchscanError(f"no execution model for {name!r}: {exc}", hint=f"use cpu or a GPU: {names}") from None
     if options is not None:
         device = check_options(options)[0]
         if device.type == "cuda":

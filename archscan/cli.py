@@ -53,6 +53,7 @@ def scan_cmd(
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
     device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="predict latency on a named GPU from its datasheet, without the GPU: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, l4")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="count memory as this GPU runs the model: its attention kernels, workspaces and caching allocator (h100, h200, a100, l4, ...; cpu for the CPU's kernels); default: the GPU of --device-profile, --memory or --device cuda, else cpu")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="with --measure: batch sizes x2/x4/x8; on a GPU also pinned input copies and channels_last")] = False,
     rules: Annotated[Optional[str], typer.Option("--rules", help="check only these rules, comma-separated (G1,G2,fuse-conv-bn,...)")] = None,
     skip_rules: Annotated[Optional[str], typer.Option("--skip-rules", help="do not check these rules, comma-separated")] = None,
@@ -126,7 +127,8 @@ def scan_cmd(
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
                                         profile=profile, train=training, memory=memory,
-                                        what_ifs=what_if, decode=decode), None
+                                        what_ifs=what_if, decode=decode,
+                                        execution=gpu if gpu is not None else str(where) if where is not None else None), None
         except DeviceError as exc:
             if exc.report is None:
                 raise

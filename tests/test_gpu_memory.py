@@ -144,3 +144,21 @@ def test_attention_backend_as_torch_picks_it(capability, dtype, heads_kv, mask, 
     query, key = q(2, 8, 128, 64, dtype=dtype), q(2, heads_kv, 128, 64, dtype=dtype)
     attn_mask = q(2, 1, 128, 128, dtype=torch.bool) if mask else None
     assert gpu.attention_backend(capability, query, key, key, attn_mask, dropout, causal, grad) == expected
+
+
+@pytest.mark.parametrize("gpu_name,needle", [("tpu-v5", "no GPU named"), ("cuda:0", "CUDA is not available")])
+def test_cli_gpu_that_is_not_there_is_one_line(capsys, monkeypatch, gpu_name, needle):
+    from test_bad_input import expect_error
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    expect_error(capsys, 2, [needle], "zoo:resnet18", "--input", "1,3,64,64", "--gpu", gpu_name)
+
+
+def test_cli_gpu_counts_memory_as_it_runs(capsys):
+    """``--gpu l4``: the memory line says so, with the caching allocator's reserved peak."""
+    from test_bad_input import run
+
+    code, out, err = run(capsys, "zoo:resnet18", "--input", "2,3,64,64", "--gpu", "l4", "--rules", "G1", "--json")
+    memory = json.loads(out)["memory"]
+    assert code == 0 and memory["execution"]["name"] == "l4" and memory["execution"]["capability"] == [8, 9]
+    assert memory["cuda"]["reserved_peak_bytes"] >= memory["cuda"]["allocated_peak_bytes"] + gpu.LIBRARY_BYTES

@@ -48,7 +48,7 @@ class Budget:
     gpu: str | None = None  # the GPU whose whole memory it is ('h100'), when named so
 
     def to_json(self) -> dict:
-        return {"bytes": self.bytes, "label": self.label}
+        return {"bytes": self.bytes, "label": self.label, **({"gpu": self.gpu} if self.gpu else {})}
 
 
 def on_execution(budget: Budget) -> tuple[Budget, int | None, str]:

@@ -81,10 +81,18 @@ def of_gpu(found: GPU) -> Execution:
 
 
 def execution_for(name: str | None) -> Execution:
-    """The execution model of ``name``: 'cpu' (or None), or a GPU of ``archscan.devices.gpus``
-    ('h100', 'H200'). ValueError for any other name."""
+    """The execution model of ``name``: 'cpu' (or None), a GPU of ``archscan.devices.gpus``
+    ('h100', 'H200'), or 'cuda[:N]' (this machine's device). ValueError for any other name."""
     if name is None or name.strip().lower() in ("", "cpu"):
         return CPU
+    if name.strip().lower().startswith("cuda"):  # this machine's CUDA device
+        try:
+            device = torch.device(name.strip().lower())
+        except RuntimeError:
+            raise ValueError(f"no device {name!r}") from None
+        if not torch.cuda.is_available():
+            raise ValueError("CUDA is not available on this machine")
+        return of_device(device)
     found = gpu(name)
     if found is None:
         raise ValueError(f"no GPU named {name!r}")

@@ -114,6 +114,8 @@ def _size_flag(budget: dict) -> str:
     from ..errors import ArchscanError
     from ..memory.budget import parse_budget
 
+    if budget.get("gpu"):
+        return budget["gpu"]
     label = budget["label"]
     word = label.split(" (")[-1].rstrip(")") if "(" in label else label.replace(" ", "")
     try:
