@@ -63,9 +63,9 @@ CASES = [(cid, "", "h200", case) for cid, case in models.MEMORY_CASES.items()] +
 @pytest.mark.parametrize("cid,folder,gpu_name,case", CASES, ids=[c[0] for c in CASES])
 def test_gpu_peaks_match_the_allocator(cid, folder, gpu_name, case, monkeypatch):
     """Peak bytes live within 3% of the allocator's, its simulated allocated peak within 3% and its
-    simulated reserved peak within 6% (cuDNN's convolution workspaces, not counted, are the rest
-    on convolution networks: docs/memory.md), on forwards and training steps, transformers with
-    attention and dropout among them."""
+    simulated reserved peak within 5% (cuDNN's convolution workspaces by a rule read from these
+    runs: archscan.memory.cudnn), on forwards and training steps, transformers with attention and
+    dropout among them."""
     monkeypatch.chdir(ROOT)
     record = truth(folder)[cid]
     memory = analysed(case, gpu_name)
@@ -73,7 +73,7 @@ def test_gpu_peaks_match_the_allocator(cid, folder, gpu_name, case, monkeypatch)
     target = own_peak(record)
     assert memory["peak_bytes"] == pytest.approx(target, rel=0.03)
     assert memory["cuda"]["allocated_peak_bytes"] == pytest.approx(target, rel=0.03)
-    assert memory["cuda"]["reserved_peak_bytes"] == pytest.approx(record["stats"]["reserved_bytes.all.peak"], rel=0.06)
+    assert memory["cuda"]["reserved_peak_bytes"] == pytest.approx(record["stats"]["reserved_bytes.all.peak"], rel=0.05)
 
 
 @pytest.mark.parametrize("cid", ["mem_roberta_base_train_8x512", "mem_roberta_base_train_8x512_bf16"])

@@ -9,7 +9,8 @@ convolution, whose choices differ between AVX-512 and AVX2 CPUs: ``onednn_block`
 tests' oracle, the CPU allocator under ``torch.profiler``, sees: ``benchmarks/probe_scratch.py``
 prints them for any shape. The GPU's are the workspaces torch 2.11's CUDA kernels take from the
 caching allocator, read from the allocator's events recorded on an H200 (``tests/gpu_truth``):
-the fused attention backwards, and the reductions' staging buffers (``reduction.py``). cuBLAS's workspace is allocated once per process and kept
+the fused attention backwards, the reductions' staging buffers (``reduction.py``) and cuDNN's
+convolution workspaces (``cudnn.py``: a rule read from the recorded runs). cuBLAS's workspace is allocated once per process and kept
 (``gpu.LIBRARY_BYTES``), not per op.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .gpu import current
+from .cudnn import conv_backward_workspaces, conv_workspaces
 from .reduction import reduction_scratch, threads_per_sm
 
 aten = torch.ops.aten
@@ -308,3 +310,39 @@ def _reduction(name: str):
 
 for _name, _op in _REDUCTIONS.items():
     register_scratch(_op, on="cuda")(_reduction(_name))
+
+
+def _channels_last(*tensors) -> bool:
+    from torch._prims_common import suggest_memory_format
+
+    return any(suggest_memory_format(t) == torch.channels_last for t in tensors if isinstance(t, torch.Tensor))
+
+
+@register_scratch(aten.convolution, on="cuda")
+def cudnn_convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, out):
+    """cuDNN's workspace for the convolution (``cudnn.py``'s rule, read from the recorded H200 and
+    H100 runs: torch 2.11, benchmark off). A transposed convolution's forward is the input-gradient
+    pass of the convolution it transposes."""
+    if x.dim() != 4:
+        return 0
+    last = _channels_last(x, weight)
+    capability = current().capability
+    if transposed:
+        return conv_workspaces(tuple(out.shape), tuple(weight.shape), stride, padding, dilation, groups, x.dtype,
+                               capability=capability, channels_last=last)[1]
+    return conv_workspaces(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups, x.dtype,
+                           capability=capability, channels_last=last)[0]
+
+
+@register_scratch(aten.convolution_backward, on="cuda")
+def cudnn_convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                                       output_padding, groups, output_mask, *, out):
+    """cuDNN's workspaces for the input gradient (taken once it exists) and the weight gradient
+    (taken once both exist), the larger over the kernel's run (``cudnn.py``)."""
+    if x.dim() != 4 or transposed:
+        return 0
+    data, weight_ws = conv_backward_workspaces(tuple(x.shape), tuple(weight.shape), stride, padding, dilation, groups,
+                                               x.dtype, backward_mask=output_mask, capability=current().capability,
+                                               channels_last=_channels_last(x, weight))
+    grad_weight = nbytes(out[1]) if isinstance(out, (tuple, list)) and len(out) > 1 else 0
+    return max(data - grad_weight, weight_ws)
