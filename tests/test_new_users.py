@@ -348,9 +348,9 @@ def test_datasheet_profiles_predict_without_the_gpu(capsys):
     assert h100.bandwidth == 3.35e12 * DATASHEET_BANDWIDTH_EFFICIENCY
     assert h100.flops_for("bfloat16", "matmul") == pytest.approx(DATASHEET_CLASS_EFFICIENCY["matmul"] * 989.4e12 / 2)
 
-    def predicted(model, spec, name, dtype=None):
+    def predicted(model, spec, name, dtype=None):  # as served: the kernels alone (the host is the same on both)
         args = [model, "--input", spec, "--device-profile", name] + (["--dtype", dtype] if dtype else [])
-        return _scan_json(capsys, *args)["latency"]["predicted_ms"]
+        return _scan_json(capsys, *args)["latency"]["served_ms"]
 
     # 4M rows through an 8x8 linear and casts: bytes, not multiply-adds, set the time
     h100_ms, h200_ms = (predicted(f"{MODELS}:Casts", "4194304,8", name) for name in ("h100", "h200"))
@@ -506,6 +506,9 @@ def test_speed_grid_is_exact_where_it_was_not_fitted():
         assert cell["decode_ms"] == alone["decode"]["predicted_ms"]
         assert cell["ttft_ms"] == alone["prefill"]["predicted_ms"]
         assert cell["tokens_per_s"] == batch / cell["decode_ms"] * 1e3
+        # as served (the GPU model's kernels alone), and the causal prefill's executed pairs, exact too
+        assert (cell["served_decode_ms"], cell["served_ttft_ms"]) == (alone["decode"]["served_ms"],
+                                                                       alone["prefill"]["served_ms"])
     windowed = decode_step(resolve_target(f"{MODELS}:LatentCacheDecoder"), [parse_input_spec("1,1:int64")], 100,
                            {"window": 24}, profile=h100, grid=True)["kv_cache"]["speed"]
     assert windowed["cells"] == [] and "not polynomial" in windowed["why"]
@@ -523,7 +526,8 @@ def test_compare_attention_variants_by_their_decode_step(capsys):
     assert [r["kv_bytes_32k"] for r in rows] == [p * 32768 for p in per_token]
     for r in rows:
         assert set(r["tokens_per_s"]) == {"h100 (datasheet)", "l4 (datasheet)"}
-        assert r["tokens_per_s"]["h100 (datasheet)"] > r["tokens_per_s"]["l4 (datasheet)"] > 0
+        # as written: a toy model's eager step is host-bound, no slower on the H100 than on the L4
+        assert r["tokens_per_s"]["h100 (datasheet)"] >= r["tokens_per_s"]["l4 (datasheet)"] > 0
         alone = archscan.scan(r["target"], "1,1:int64", decode=256, profile=archscan.measure.datasheet_profile("l4"),
                               recommend=False, rules=[]).phases["decode"]
         assert r["decode_bytes"] == alone["mac_bytes"] and r["tokens_per_s"]["l4 (datasheet)"] == alone["tokens_per_s"]

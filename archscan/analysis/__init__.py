@@ -120,19 +120,24 @@ def _node_category(costs: NodeCosts, module_type: str = "") -> str:
 
 
 def _merge_attrs(costs: NodeCosts) -> dict:
-    """The first op's attributes (conv/linear shapes), and the bytes per category of a node made of
-    several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
+    """The first op's attributes (conv/linear shapes), and the bytes (and multiply-adds) per category
+    of a node made of several kinds of ops (a whole nn.Transformer kept as one fx leaf, say)."""
     attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
     if any("idle_expert_params" in c.attrs for c in costs.ops):  # every grouped expert GEMM of the node
         attrs["idle_expert_params"] = sum(c.attrs.get("idle_expert_params", 0) for c in costs.ops)
     if any("executed_flops" in c.attrs for c in costs.ops):  # causal attention: the pairs it computes
         attrs["executed_flops"] = sum(c.attrs.get("executed_flops", c.flops) for c in costs.ops)
     by_category: Counter = Counter()
+    flops_by: Counter = Counter()
     for c in costs.ops:
         if c.mac_bytes:
             by_category[c.category] += c.mac_bytes
+        if c.flops:
+            flops_by[c.category] += c.flops
     if len(by_category) > 1:
         attrs["mac_by_category"] = dict(by_category)
+    if len(flops_by) > 1:  # projections and attention in one node: the GPU model prices each at its own rate
+        attrs["flops_by_category"] = dict(flops_by)
     return attrs
 
 

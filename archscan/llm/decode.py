@@ -44,6 +44,7 @@ from ..load.frames import short
 from ..load.targets import InputSpec, ModelTarget
 from ..measure import DeviceProfile
 from ..memory import module_hooks
+from ..measure.gpu import execution_model, gpu_of, simulate
 from ..measure.predict import predict_node
 from ..load.recording import output_tensors, quiet, user_line
 from ..results import NodeReport
@@ -62,6 +63,8 @@ class _StepCosts(TorchDispatchMode):
         self.from_cache = set(cache_keys)  # storages computed from the cache
         self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
         self.where, self.called_at = "", {}  # the module running now (``memory.module_hooks`` keeps them)
+        self.modules: list[str] = []  # per op, the module it ran in (the GPU model's host time per layer call)
+        self.types: dict[str, str] = {}  # module path -> its type's name
         self.values = WeakIdKeyDictionary()  # fake tensor -> its real value, where known (``_follow``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -75,7 +78,13 @@ class _StepCosts(TorchDispatchMode):
         self._follow(func, args, kwargs, tensors, out)
         if cost.category == "attention" and "executed_flops" not in cost.attrs:
             cost = self._masked(func, args, kwargs, cost)
+        if func.overloadpacket is torch.ops.aten.cat and any(storage_key(t) in self.cache_keys for t in tensors):
+            # the cache rewritten whole to append the new tokens: a serving engine's cache (paged, or static
+            # under a CUDA graph) writes only the new ones in place, reading and writing their bytes
+            new = sum(t.numel() * t.element_size() for t in tensors if storage_key(t) not in self.cache_keys)
+            cost = replace(cost, attrs={**cost.attrs, "served_bytes": 2 * new})
         self.ops.append((cost, _dtype(out)))
+        self.modules.append(self.where if isinstance(self.where, str) else "")
         derived = [t for t in tensors if storage_key(t) in self.from_cache]
         for t in derived:
             key = storage_key(t)
@@ -228,7 +237,10 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
     ``spec``'s new tokens (at ``batch``) after that cache."""
     prefill = make_call([replace(spec, shape=(batch, context))], dtype, fake_mode)
     step = make_call([replace(spec, shape=(batch, spec.shape[1]))], dtype, fake_mode)
+    types = {path: type(m).__name__ for path, m in model.named_modules()}
     first = _StepCosts(weight_keys, set())
+    first.types = types
+    hooks = module_hooks(model, first)
     try:
         with fake_mode, torch.no_grad(), quiet(), first:
             cache = _cache_of(model(*prefill.args, **prefill.kwargs, use_cache=True))
@@ -237,8 +249,12 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
     except Exception as exc:
         raise CaptureError(f"the prefill of {context} tokens with use_cache=True did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
+    finally:
+        for hook in hooks:
+            hook.remove()
     cached = output_tensors(cache)
     costs = _StepCosts(weight_keys, {storage_key(t) for t in cached}, rows=context + spec.shape[1])
+    costs.types = types
     hooks = module_hooks(model, costs)
     try:
         with fake_mode, torch.no_grad(), quiet(), costs:
@@ -333,14 +349,23 @@ def _weights(points: Sequence[tuple[int, int]], at: tuple[int, int], quadratic: 
 
 
 def _op_rows(costs: "_StepCosts") -> list[tuple]:
-    """Per op: (op, category, dtype, fields with the experts' bytes taken out, expert attrs or None)."""
+    """Per op: (op, category, dtype, fields with the experts' bytes taken out and the executed
+    multiply-adds of causal attention last, expert attrs or None, (module, its type))."""
     rows = []
-    for cost, dtype in costs.ops:
+    for i, (cost, dtype) in enumerate(costs.ops):
         experts = cost.attrs if "expert_bytes_read" in cost.attrs else None
         out = experts["expert_bytes_read"] if experts else 0
-        values = (cost.flops, cost.elem_ops, cost.read_bytes - out, cost.write_bytes, cost.weight_bytes - out)
-        rows.append((cost.op, cost.category, dtype, values, experts))
+        executed = cost.attrs.get("executed_flops", cost.flops) if cost.attrs.get("causal") else cost.flops
+        values = (cost.flops, cost.elem_ops, cost.read_bytes - out, cost.write_bytes, cost.weight_bytes - out, executed,
+                  cost.attrs.get("served_bytes", -1))
+        rows.append((cost.op, cost.category, dtype, values, experts, _where(costs, i)))
     return rows
+
+
+def _where(costs: "_StepCosts", i: int) -> tuple[str, str]:
+    """(the module op ``i`` ran in, its type's name)."""
+    path = costs.modules[i] if i < len(costs.modules) else ""
+    return path, costs.types.get(path, "")
 
 
 def _expert_bytes(attrs: dict, tokens: int) -> int:
@@ -358,18 +383,21 @@ def _evaluate(runs: Sequence[list[tuple]], weights: Sequence[Fraction], tokens_p
     denominator = math.lcm(*(w.denominator for w in weights))  # integer arithmetic from here: exact, fast
     scaled = [int(w * denominator) for w in weights]
     nodes = []
-    for i, (op, category, dtype, _, experts) in enumerate(first):
+    for i, (op, category, dtype, _, experts, where) in enumerate(first):
         values = []
-        for f in range(len(_FIELDS)):
+        for f in range(len(_FIELDS) + 2):  # the fields, the executed multiply-adds and the bytes as served
             v, rest = divmod(sum(w * r[i][3][f] for w, r in zip(scaled, runs)), denominator)
             if rest:
                 return None
             values.append(v)
-        flops, elem, read, write, weight = values
+        flops, elem, read, write, weight, executed, served = values
         if experts is not None:
             extra = _expert_bytes(experts, tokens_per_row)
             read, weight = read + extra, weight + extra
-        nodes.append(_node(op, category, dtype, flops, elem, read, write, weight))
+        attrs = {"causal": True, "executed_flops": executed} if executed != flops else {}
+        if served >= 0:
+            attrs["served_bytes"] = served
+        nodes.append(_node(op, category, dtype, flops, elem, read, write, weight, *where, attrs))
     return nodes
 
 
@@ -426,11 +454,16 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
         prefill, step = at(cell["batch"], cell["context"])
         if prefill is None or step is None:
             return {"cells": [], "why": "the fitted ops are not whole numbers at the grid's points"}
-        ttft = sum(predict_node(n, profile)[0] for n in prefill)
-        ms = sum(predict_node(n, profile)[0] for n in step)
-        out.append({"batch": cell["batch"], "context": cell["context"], "ttft_ms": ttft, "decode_ms": ms,
-                    "tokens_per_s": cell["batch"] * new / ms * 1e3 if ms else None})
-    return {"cells": out, "profile": profile.name, "checked_at": [[batch, context], list(other)],
+        first, each = _times(prefill, profile), _times(step, profile)
+        ms = each["predicted_ms"]
+        row = {"batch": cell["batch"], "context": cell["context"], "ttft_ms": first["predicted_ms"], "decode_ms": ms,
+               "tokens_per_s": cell["batch"] * new / ms * 1e3 if ms else None}
+        if "served_ms" in each:  # a GPU: as a serving engine runs the same kernels (a CUDA graph, no Python)
+            row.update(served_ttft_ms=first["served_ms"], served_decode_ms=each["served_ms"],
+                       served_tokens_per_s=cell["batch"] * new / each["served_ms"] * 1e3 if each["served_ms"] else None)
+        out.append(row)
+    return {"cells": out, "profile": profile.name, "execution_model": execution_model(profile),
+            "checked_at": [[batch, context], list(other)],
             "runs": len(runs), **({"positions": limit[0]} if limit else {})}
 
 
@@ -482,23 +515,45 @@ def _phase(costs: _StepCosts, tokens: int, kv_read: int, context: int, kv_writte
 
 
 def _predicted(costs: _StepCosts, tokens: int, profile: DeviceProfile) -> dict:
-    """A phase's roofline time on ``profile`` (each op's, summed) and its tokens/s."""
-    ms = sum(predict_node(_as_node(c, dt), profile)[0] for c, dt in costs.ops)
-    return {"predicted_ms": ms, "tokens_per_s": tokens / ms * 1e3 if ms else None}
+    """A phase's time on ``profile`` and its tokens/s: on a GPU as written (eager) and as served
+    (``_times``), else the roofline's."""
+    times = _times([_as_node(c, dt, *_where(costs, i)) for i, (c, dt) in enumerate(costs.ops)], profile)
+    ms = times["predicted_ms"]
+    out = {**times, "tokens_per_s": tokens / ms * 1e3 if ms else None}
+    if times.get("served_ms"):
+        out["served_tokens_per_s"] = tokens / times["served_ms"] * 1e3
+    return out
 
 
-def _as_node(cost, dtype: str | None) -> NodeReport:
-    """One op as a node the roofline predicts."""
+def _times(nodes: Sequence[NodeReport], profile: DeviceProfile) -> dict:
+    """The ops' time on ``profile``, in order: on a GPU the GPU model's two predictions (``predicted_ms``
+    as written, eager PyTorch's host and GPU timelines; ``served_ms`` the kernels alone) and the host's
+    time; else each op's roofline, summed. ``execution_model`` says which."""
+    found = gpu_of(profile)
+    if found is None:
+        return {"predicted_ms": sum(predict_node(n, profile)[0] for n in nodes), "execution_model": execution_model(profile)}
+    timeline = simulate(nodes, found)
+    return {"predicted_ms": timeline.eager_ms, "served_ms": timeline.served_ms, "host_ms": timeline.host_ms,
+            "execution_model": found.name}
+
+
+def _as_node(cost, dtype: str | None, module: str = "", module_type: str = "") -> NodeReport:
+    """One op as a node the roofline predicts (attention keeps what its mask leaves: ``causal``,
+    ``masked``, ``executed_flops``; a cache rewritten to append, the bytes of an append in place:
+    ``served_bytes``)."""
+    attrs = {k: cost.attrs[k] for k in ("causal", "masked", "executed_flops", "served_bytes") if k in cost.attrs}
     return _node(cost.op, cost.category, dtype, cost.flops, cost.elem_ops, cost.read_bytes, cost.write_bytes,
-                 cost.weight_bytes)
+                 cost.weight_bytes, module, module_type, attrs)
 
 
 def _node(op: str, category: str, dtype: str | None, flops: int, elem_ops: int, read: int, write: int,
-          weight: int) -> NodeReport:
-    """An op's costs as a node the roofline predicts (``predict_node``)."""
-    return NodeReport(name=op, op=op, module="", module_type="", category=category, flops=flops, elem_ops=elem_ops,
-                      mac_bytes=read + write, read_bytes=read, write_bytes=write, weight_bytes=weight, params=0,
-                      out_shape=None, dtype=dtype, aten_ops=(op,) if category != "view" else ())
+          weight: int, module: str = "", module_type: str = "", attrs: dict | None = None) -> NodeReport:
+    """An op's costs as a node the roofline predicts (``predict_node``); ``module``: the layer it ran
+    in and its type (the GPU model's host time of a layer call)."""
+    return NodeReport(name=op, op=op, module=module, module_type=module_type, category=category, flops=flops,
+                      elem_ops=elem_ops, mac_bytes=read + write, read_bytes=read, write_bytes=write, weight_bytes=weight,
+                      params=0, out_shape=None, dtype=dtype, aten_ops=(op,) if category != "view" else (),
+                      attrs=attrs or {})
 
 
 __all__ = ["check_decode", "decode_step"]

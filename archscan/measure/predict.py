@@ -1,4 +1,9 @@
-"""Roofline prediction: each node takes max(compute time, memory time) plus launch overhead.
+"""Latency predictions on a device profile.
+
+On a GPU the GPU execution model predicts (``archscan.measure.gpu``): the host's and the GPU's
+timelines of eager PyTorch (``predicted_ms``, as written) and the kernels alone (``served_ms``, as
+a CUDA graph or a compiled model runs them), with efficiencies and host costs fit on recorded
+traces. On a CPU profile (and a GPU the model has no datasheet for), the roofline of the profile:
 
     compute_ms  = flops / multiply-adds per second (the rate measured for the node's op class --
                   dense, grouped or depthwise conv -- or the dtype's matmul peak)
@@ -17,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..results import NodeReport, Report
+from . import gpu as _gpu
 from .profile import DeviceProfile
 
 # Ops that allocate without launching a kernel.
@@ -39,7 +45,11 @@ def report_totals(report: Report) -> dict:
 
 
 def predict_node(node: NodeReport, profile: DeviceProfile) -> tuple[float, str]:
-    """(predicted ms, bound) for one node."""
+    """(predicted ms, bound) for one node: on a GPU the model's (``gpu.node_ms``: the slower of its
+    host time and its kernels, as written), else the roofline's."""
+    found = _gpu.gpu_of(profile)
+    if found is not None:
+        return _gpu.node_ms(node, found)
     compute = node.flops / profile.flops_for(node.dtype, node.category) * 1e3
     memory = node.mac_bytes / profile.bandwidth_for(node.category) * 1e3
     overhead = kernels(node) * profile.overhead_for(node.category)
@@ -67,17 +77,33 @@ def predicted(report: Report, profile: DeviceProfile | None) -> Report:
 
 def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     """The report with ``predicted_ms`` and ``bound`` on every node and the predicted total
-    (under ``--amp``, conv/linear/matmul/attention nodes are predicted in the autocast dtype)."""
+    (under ``--amp``, conv/linear/matmul/attention nodes are predicted in the autocast dtype).
+    ``latency.execution_model`` says what predicted: a GPU's name (``archscan.measure.gpu``: then
+    ``served_ms`` and ``host_ms`` too, and each node's ``predicted_ms`` is how far it moves the
+    eager run) or ``cpu``."""
     amp = (report.latency or {}).get("amp")
+    found = _gpu.gpu_of(profile)
+    run = [as_run(n, amp) for n in report.nodes]
+    timeline = _gpu.simulate(run, found) if found is not None else None
     nodes = []
-    for n in report.nodes:
-        ms, bound = predict_node(as_run(n, amp), profile)
-        attrs = {**n.attrs, "bound": bound}
+    for i, n in enumerate(report.nodes):
+        if timeline is not None:
+            ms, kernel_ms, bound = timeline.nodes[i]
+            attrs = {**n.attrs, "bound": bound, "kernel_ms": kernel_ms}
+        else:
+            ms, bound = predict_node(run[i], profile)
+            attrs = {**n.attrs, "bound": bound}
         if n.latency_ms:
             attrs["achieved"] = ms / n.latency_ms  # fraction of the roofline this node reaches
         nodes.append(dataclasses.replace(n, predicted_ms=ms, attrs=attrs))
     latency = dict(report.latency or {})
-    latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
+    latency["execution_model"] = _gpu.execution_model(profile)
+    if timeline is not None:
+        latency["predicted_ms"] = timeline.eager_ms
+        latency["served_ms"] = timeline.served_ms
+        latency["host_ms"] = timeline.host_ms
+    else:
+        latency["predicted_ms"] = sum(n.predicted_ms for n in nodes)
     latency["profile"] = {"device": profile.device, "name": profile.name, "threads": profile.threads,
                           "created": profile.created, "peak_flops": dict(profile.peak_flops),
                           "bandwidth": profile.bandwidth, "launch_overhead_ms": profile.launch_overhead_ms}
@@ -85,6 +111,14 @@ def apply_predictions(report: Report, profile: DeviceProfile) -> Report:
     if measured:
         latency["prediction_error"] = latency["predicted_ms"] / measured - 1
     return dataclasses.replace(report, nodes=tuple(nodes), latency=latency)
+
+
+def with_training_time(step: dict, profile: DeviceProfile | None) -> dict:
+    """A training step (``archscan.memory.train.train_step``'s section) with its time on a GPU profile
+    (``time``: as written and as served, per phase; ``gpu.training_ms``); as it is on any other."""
+    found = _gpu.gpu_of(profile)
+    timed = _gpu.training_ms(step, found) if found is not None else None
+    return {**step, "time": timed} if timed is not None else step
 
 
 def _ranks(values: list[float]) -> list[float]:

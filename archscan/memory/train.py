@@ -99,6 +99,8 @@ class _StepTracker(MemoryTracker):
         self.saved: dict[str, int] = {}  # module path -> bytes it keeps for the backward
         self.outputs: dict[str, set[int]] = {}  # module path -> serials of the storages it returned in forward
         self.saved_outputs: dict[str, int] = {}  # module path -> bytes of its outputs still held for the backward
+        # phase -> (op, category, dtype) -> [ops, multiply-adds, executed multiply-adds, bytes]: what a GPU's time needs
+        self.op_classes: dict[str, dict[tuple, list[int]]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -128,6 +130,12 @@ class _StepTracker(MemoryTracker):
             split = (cost.flops, mac)
         module = self.where if isinstance(self.where, str) else ""
         self.rows.append((phase, module, cost.flops, mac, serials, split))
+        outs = tensors_in(out)
+        sums = self.op_classes.setdefault(phase, {}).setdefault(
+            (cost.op, cost.category, str(outs[0].dtype).removeprefix("torch.") if outs else None), [0, 0, 0, 0])
+        executed = cost.attrs.get("executed_flops", cost.flops) if cost.attrs.get("causal") else cost.flops
+        for i, v in enumerate((1, cost.flops, executed, mac)):
+            sums[i] += v
         return out
 
 
@@ -426,6 +434,10 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
             "saved_outputs": {p: b for p, b in tracker.saved_outputs.items() if b},
             "phase_peaks": dict(tracker.phase_peaks),
             "uncounted": {phase: ops for phase, ops in tracker.uncounted.items() if ops},
+            "op_classes": {phase: [{"op": op, "category": category, "dtype": dtype, "ops": n, "flops": f,
+                                    "executed_flops": e, "mac_bytes": b}
+                                   for (op, category, dtype), (n, f, e, b) in sorted(rows.items(), key=lambda kv: -kv[1][3])]
+                           for phase, rows in tracker.op_classes.items()},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
 
 

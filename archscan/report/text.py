@@ -120,8 +120,14 @@ def _memory_line(label: str, memory: dict) -> str:
     parts = ", ".join(f"{fmt_bytes(v)} {k.replace('_', ' ')}" for k, v in at.items() if v)
     place = where.get("module") or where.get("node") or "(model)"
     source = f" at {where['source']}" if where.get("source") else ""
-    return (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
+    line = (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
             f"{where['op']} of {place}{source}")
+    cuda = memory.get("cuda")
+    if cuda:  # counted as a GPU runs it: the caching allocator's view beside the bytes live
+        line += (f"; as {memory['execution']['name']} runs it, CUDA's caching allocator reserves "
+                 f"{fmt_bytes(cuda['reserved_peak_bytes'])} (allocated {fmt_bytes(cuda['allocated_peak_bytes'])} "
+                 f"+ {fmt_bytes(cuda['library_bytes'])} of library workspaces)")
+    return line
 
 def memory_lines(report: Report) -> list[str]:
     """Peak memory by tensor lifetime: the inference forward's, and with --train the step's and
@@ -158,6 +164,9 @@ def decode_lines(report: Report) -> list[str]:
                 else f"{p['tokens']:,} token(s) after {p['context']:,} cached")
         when = (f"; predicted {p['predicted_ms']:.3f} ms"
                 + (" to the first token" if name == "prefill" else f", {p['tokens_per_s']:,.1f} tokens/s")
+                + (f" as written, {p['served_ms']:.3f} ms" + ("" if name == "prefill" else
+                                                               f", {p['served_tokens_per_s']:,.1f} tokens/s")
+                   + " as served" if p.get("served_ms") else "")
                 + f" on {p['profile']}") if p.get("predicted_ms") is not None else ""
         lines.append(f"{name:<10} {what}: {fmt_count(p['flops'])} multiply-adds"
                      + (f" ({fmt_count(p['executed_flops'])} executed)" if p["executed_flops"] != p["flops"] else "")
@@ -180,9 +189,12 @@ def decode_lines(report: Report) -> list[str]:
         contexts = sorted({g["context"] for g in speed["cells"]})
         shown = {contexts[0], contexts[-1]}  # the shortest and the longest the model takes
         cells = ", ".join(f"{g['batch']}x{g['context'] // 1024}k {_rate(g['tokens_per_s'])} tok/s "
-                          f"(first token {_rate(g['ttft_ms'])} ms)"
+                          + (f"({_rate(g['served_tokens_per_s'])} served) " if g.get("served_tokens_per_s") else "")
+                          + f"(first token {_rate(g['ttft_ms'])} ms)"
                           for g in speed["cells"] if g["batch"] in (1, 32) and g["context"] in shown)
-        lines.append(f"speed      on {speed['profile']}, batch x context: {cells}; --json lists all")
+        served = " (as written, eager PyTorch; served: the kernels alone)" if any(
+            g.get("served_tokens_per_s") for g in speed["cells"]) else ""
+        lines.append(f"speed      on {speed['profile']}, batch x context{served}: {cells}; --json lists all")
     elif speed:
         lines.append(f"speed      no grid: {speed['why']}")
     return lines
@@ -223,7 +235,7 @@ def budget_lines(memory: dict) -> list[str]:
                     f"{fmt_bytes(budget['fixed_bytes'])}" if budget["method"] == "affine"
                     else f"{budget['method']}: {fmt_bytes(budget['per_sample_bytes'])} per sample there")
                  + f"; {budget['runs']} analyses")
-    lines = [f"budget     {budget['label']}: {found}"]
+    lines = [f"budget     {budget['label']}: {found}" + (f"; counted by {budget['counts']}" if budget.get("counts") else "")]
     plan = memory.get("checkpoint_plan")
     if plan:
         if plan["fits"]:
@@ -287,12 +299,24 @@ def latency_lines(report: Report) -> list[str]:
     if lat.get("predicted_ms") is not None:
         prof = lat["profile"]
         made = prof["created"]
-        line = (f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} "
-                + (f"({made}; efficiencies in docs/measuring.md)" if made.startswith("datasheet")
-                   else f"(calibrated {made[:10]})"))
+        if lat.get("served_ms") is not None:  # the GPU time model: both predictions, labelled
+            bound = "host-bound" if lat["host_ms"] > lat["served_ms"] else "GPU-bound"
+            line = (f"predicted  {lat['predicted_ms']:.3f} ms as written (eager PyTorch, {bound}: host "
+                    f"{lat['host_ms']:.3f} ms), {lat['served_ms']:.3f} ms as served (kernels alone: a CUDA graph "
+                    f"or a compiled model), on {lat['execution_model']} (GPU time model, docs/gpu-time.md)")
+        else:
+            line = (f"predicted  {lat['predicted_ms']:.3f} ms from the roofline of {prof['name']} "
+                    + (f"({made}; efficiencies in docs/measuring.md)" if made.startswith("datasheet")
+                       else f"(calibrated {made[:10]})"))
         if lat.get("prediction_error") is not None:
             line += f"; {100 * lat['prediction_error']:+.0f}% against measured"
         lines.append(line)
+        timed_step = (report.training_step or {}).get("time")
+        if timed_step:
+            lines.append(f"step time  {timed_step['predicted_ms']:.3f} ms as written ("
+                         + ", ".join(f"{name} {p['predicted_ms']:.3f}" for name, p in timed_step["phases"].items()
+                                     if p["predicted_ms"])
+                         + f"), {timed_step['served_ms']:.3f} ms as served, on {timed_step['execution_model']}")
         timed = [n for n in report.nodes if n.latency_ms and n.predicted_ms and n.category != "view"]
         if timed:
             worst = sorted(timed, key=lambda n: n.predicted_ms / n.latency_ms)[:3]
