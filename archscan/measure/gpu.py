@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
 
-from ..devices.gpus import GPU, GPUS, gpu as _gpu_named
+from ..devices.gpus import GPU, gpu as _gpu_named, gpu_named_like
 from ..results import NodeReport
 
 
@@ -114,28 +113,12 @@ _NO_KERNEL = ("aten.empty", "aten.new_empty", "aten.lift_fresh", "aten.alias", "
 
 def gpu_of(profile) -> GPU | None:
     """The named GPU a device profile stands for, with datasheet compute figures: a datasheet profile
-    (``--device-profile h200``: ``'H200 (datasheet)'``) or a calibrated CUDA profile whose device name
-    names one (``'NVIDIA H100 80GB HBM3'``); None for a CPU or an unknown GPU."""
+    (``--device-profile h200``: ``'h200 (datasheet)'``) or a calibrated CUDA profile whose device name
+    names one (``'NVIDIA H100 80GB HBM3'``: ``devices.gpus.gpu_named_like``); None for a CPU or an
+    unknown GPU."""
     if profile is None or not str(profile.device).startswith("cuda"):
         return None
-    name = profile.name.split(" (")[0]
-    found = _gpu_named(name)
-    if found is None:  # 'NVIDIA H100 80GB HBM3', 'NVIDIA A100-SXM4-80GB': the first word that names one
-        words = re.split(r"[\s_]+", name.lower().replace("nvidia", " "))
-        joined = [w for w in words if w]
-        for i in range(len(joined)):
-            for j in range(len(joined), i, -1):
-                found = GPUS.get("-".join(joined[i:j]))
-                if found is not None:
-                    break
-            if found is not None:
-                break
-        if found is None:
-            for w in joined:
-                head = w.split("-")[0]
-                if head in GPUS:
-                    found = GPUS[head]
-                    break
+    found = _gpu_named(profile.name.split(" (")[0]) or gpu_named_like(profile.name)
     return found if found is not None and found.bf16_tflops is not None else None
 
 
