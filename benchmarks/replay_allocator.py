@@ -26,22 +26,10 @@ from tabulate import tabulate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from archscan.memory.allocator import from_snapshot, round_size, simulate  # noqa: E402
+from archscan.memory.allocator import from_snapshot, rounded_sum_peak, simulate  # noqa: E402
 
 KEYS = ("reserved_bytes.all.peak", "allocated_bytes.all.peak", "segment.all.peak")
 
-
-def rounded_sum_peak(initial, events) -> int:
-    now = peak = sum(b.size for s in initial for b in s.blocks)
-    size_of = {}
-    for op, key, size in events:
-        if op == "alloc":
-            size_of[key] = round_size(size)
-            now += size_of[key]
-            peak = max(peak, now)
-        else:
-            now -= size_of.pop(key)
-    return peak
 
 
 def fastest(fn, repeat: int) -> float:
@@ -74,7 +62,7 @@ def main() -> None:
         rows.append([name.removeprefix("mem_"), f"{len(events):,}",
                      mib(measured[KEYS[0]]), mib(replay[KEYS[0]]), f"{replay[KEYS[0]] - measured[KEYS[0]]:+,}",
                      mib(measured[KEYS[1]]), mib(replay[KEYS[1]]), f"{replay[KEYS[1]] - measured[KEYS[1]]:+,}",
-                     mib(rounded_sum_peak(initial, events)),
+                     mib(rounded_sum_peak(events, initial)),
                      f"{measured[KEYS[2]]} / {replay[KEYS[2]]}",
                      mib(simulate(events, initial=initial, expandable_segments=True).stats[KEYS[0]])])
     print(f"{env['device']}, torch {env['torch']}, recorded {env['date'][:10]}; bytes in MiB, differences in bytes\n")

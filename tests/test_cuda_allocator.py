@@ -115,18 +115,7 @@ def test_the_measured_run_replayed(name):
                                                           else 0), (key, replay.stats[key], measured[key])
 
 
-def rounded_sum_peak(events, initial) -> int:
-    """The peak of blocks counted as their requests rounded to 512 bytes, from the starting blocks."""
-    now = peak = sum(b.size for s in initial for b in s.blocks)
-    size_of = {}
-    for op, key, size in events:
-        if op == "alloc":
-            size_of[key] = round_size(size)
-            now += size_of[key]
-            peak = max(peak, now)
-        else:
-            now -= size_of.pop(key)
-    return peak
+rounded_sum_peak = allocator.rounded_sum_peak
 
 
 @pytest.mark.parametrize("name", CONFIGS)

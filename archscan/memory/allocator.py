@@ -708,6 +708,22 @@ def simulate(events: Iterable[Sequence[Any]], *, expandable_segments: bool = Fal
     return allocator.run(events)
 
 
+def rounded_sum_peak(events: Iterable[Sequence[Any]], initial: Iterable[Segment] = ()) -> int:
+    """The peak of the blocks counted as their requests rounded to 512 bytes (``round_size``), from
+    the starting blocks: what the allocated peak would be if a large block were always split (the
+    simulator's ``allocated_bytes.all.peak`` is this or more)."""
+    now = peak = sum(b.size for s in initial for b in s.blocks)
+    size_of = {}
+    for op, key, size in events:
+        if op == "alloc":
+            size_of[key] = round_size(size)
+            now += size_of[key]
+            peak = max(peak, now)
+        else:
+            now -= size_of.pop(key)
+    return peak
+
+
 def from_snapshot(snapshot: dict, device: int = 0, *, empty_cache: bool = True) -> tuple[list[Segment], list[tuple]]:
     """The start of a run recorded by ``torch.cuda.memory._record_memory_history`` and the run's
     requests, from ``torch.cuda.memory._snapshot()`` taken at its end (the whole run in the trace).
