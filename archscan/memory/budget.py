@@ -63,23 +63,25 @@ def on_execution(budget: Budget) -> tuple[Budget, int | None, str]:
         usable = usable_bytes(execution)
         budget = Budget(usable + CONTEXT_BYTES, f"{fmt_bytes(usable + CONTEXT_BYTES)} ({budget.gpu}, as CUDA reports it)",
                         budget.gpu)
-        return budget, usable, (f"the reserved peak of CUDA's caching allocator (simulated) on {execution.name}, "
-                                f"with {fmt_bytes(CONTEXT_BYTES)} of CUDA context")
-    return budget, budget.bytes, f"the reserved peak of CUDA's caching allocator (simulated) on {execution.name}"
+        return budget, usable, (f"whether CUDA's caching allocator (simulated, {execution.name}) runs out of memory in "
+                                f"the budget less {fmt_bytes(CONTEXT_BYTES)} of CUDA context; peaks allocated")
+    return budget, budget.bytes, (f"whether CUDA's caching allocator (simulated, {execution.name}) runs out of memory "
+                                  "in the budget; peaks allocated")
 
 
 def counted_bytes(memory: dict, budget: Budget, limit: int | None) -> int:
-    """A run's peak against ``budget`` (``on_execution``): the bytes live on the CPU; on a GPU the
-    reserved peak (plus the CUDA context where the budget is the GPU's whole memory), or more than
-    the budget where the run ran out of memory under the limit."""
+    """A run's peak against ``budget`` (``on_execution``): the bytes live on the CPU. On a GPU
+    whether it runs decides: where the simulated caching allocator runs out of memory under the
+    limit, more than the budget (its reserved peak, at least the budget + 1); where it does not,
+    its allocated peak with the libraries' workspaces (and the context), which grows with the
+    batch where the reserved segments step."""
     cuda = memory.get("cuda")
     if cuda is None or limit is None:
         return memory["peak_bytes"]
     context = budget.bytes - limit
-    reserved = cuda["reserved_peak_bytes"] + context
     if cuda.get("out_of_memory"):
-        return max(reserved, budget.bytes + 1)
-    return min(reserved, budget.bytes)
+        return max(cuda["reserved_peak_bytes"] + context, budget.bytes + 1)
+    return min(cuda["allocated_peak_bytes"] + cuda["library_bytes"] + context, budget.bytes)
 
 
 def parse_budget(text: str) -> Budget:

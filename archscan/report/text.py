@@ -229,10 +229,12 @@ def budget_lines(memory: dict) -> list[str]:
         found = f"even batch 1 does not fit: its {what} peaks at {fmt_bytes(budget['next_peak_bytes'])}"
     else:
         at, nxt = _apart(budget["peak_bytes_at_max"], budget["next_peak_bytes"])
+        ran_out = "runs out of memory" in (budget.get("counts") or "")  # on a GPU: the allocator's answer
         found = (f"largest batch {budget['max_batch']:,} ({what} peak {at}; "
-                 f"{budget['max_batch'] + 1:,} needs {nxt}), "
+                 f"{budget['max_batch'] + 1:,} " + ("runs out of memory" if ran_out else f"needs {nxt}") + "), "
                  + (f"affine in the batch: {fmt_bytes(budget['per_sample_bytes'])} per sample + "
                     f"{fmt_bytes(budget['fixed_bytes'])}" if budget["method"] == "affine"
+                    else budget["method"] if ran_out
                     else f"{budget['method']}: {fmt_bytes(budget['per_sample_bytes'])} per sample there")
                  + f"; {budget['runs']} analyses")
     lines = [f"budget     {budget['label']}: {found}" + (f"; counted by {budget['counts']}" if budget.get("counts") else "")]
