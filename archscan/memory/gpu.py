@@ -26,6 +26,7 @@ recorded on an H200, ``tests/gpu_truth``):
 from __future__ import annotations
 
 import contextlib
+import os
 import contextvars
 from dataclasses import dataclass
 from typing import Iterator
@@ -300,17 +301,32 @@ def allocator_peaks(log) -> dict:
     events = [("alloc", "libraries", LIBRARY_BYTES)]
     events += [("alloc" if made else "free", record.serial, record.nbytes)
                for made, record, *_ in log if record.nbytes > 0]
-    stats = simulate(events).stats
+    expandable = expandable_segments()
+    stats = simulate(events, expandable_segments=expandable).stats
     out = {"allocated_peak_bytes": stats["allocated_bytes.all.peak"] - LIBRARY_BYTES,
            "reserved_peak_bytes": stats["reserved_bytes.all.peak"],
            "library_bytes": LIBRARY_BYTES, "segments_peak": stats["segment.all.peak"],
+           "expandable_segments": expandable,
            "counts": "the CUDA caching allocator simulated on the run's allocations (torch 2.11's rules); the "
                      "reserved peak includes the CUDA libraries' workspaces (library_bytes), the allocated peak not"}
     limit = _LIMIT.get()
     if limit is not None:  # the allocator frees its cache and retries before it runs out: replayed under the limit
         out["limit_bytes"] = limit
-        out["out_of_memory"] = simulate(_repeated(log), limit=int(limit * (1 - BUDGET_MARGIN))).oom
+        out["out_of_memory"] = simulate(_repeated(log), limit=int(limit * (1 - BUDGET_MARGIN)),
+                                        expandable_segments=expandable).oom
     return out
+
+
+def expandable_segments() -> bool:
+    """Does this process ask the caching allocator for expandable segments, as torch reads it
+    (``PYTORCH_CUDA_ALLOC_CONF`` or ``PYTORCH_ALLOC_CONF``: ``expandable_segments:True``)? The
+    simulation follows the setting the user's training would run with."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for option in os.environ.get(name, "").split(","):
+            key, _, value = option.partition(":")
+            if key.strip() == "expandable_segments":
+                return value.strip().lower() in ("true", "1")
+    return False
 
 
 def _repeated(log) -> list[tuple]:
