@@ -49,12 +49,12 @@ P = argparse.ArgumentParser()
 P.add_argument("--dry", action="store_true")
 P.add_argument("--out", default=os.environ.get("OUT", "out"))
 P.add_argument("--only", default="", help="run only the configurations whose id contains one of these comma-separated strings")
-P.add_argument("--set", default="recorded", choices=("recorded", "heldout"))
+P.add_argument("--set", default="recorded", choices=("recorded", "heldout", "budgets"))
 P.add_argument("--deadline", type=float, default=None, help="seconds; default 240 (recorded), 370 (heldout)")
 ARGS = P.parse_args(None if __name__ == "__main__" else [])  # imported (by a test): defaults, no CUDA touched
 DEV = torch.device("cpu" if ARGS.dry else "cuda")
 CUDA = DEV.type == "cuda"
-DEADLINE_S = {"recorded": 240.0, "heldout": 370.0}
+DEADLINE_S = {"recorded": 240.0, "heldout": 370.0, "budgets": 200.0}
 DEADLINE = ARGS.deadline if ARGS.deadline is not None else DEADLINE_S[ARGS.set]
 
 
@@ -425,7 +425,17 @@ HELDOUT = [
     ("lat_mixtral_small_decode_b16_l2048_bf16", "mixtral_small", "decode", dict(b=16, n=2048, dtype=torch.bfloat16), 4),
     ("lat_mixtral_small_prefill_1x2048_bf16", "mixtral_small", "latency", dict(b=1, n=2048, dtype=torch.bfloat16), 4),
 ]
-SETS = {"recorded": [(*c, 0.0) for c in CONFIGS], "heldout": HELDOUT}
+# archscan's own largest batches (--gpu h100, 2026-11-26) checked on the GPU: each search starts
+# at archscan's answer (docs/memory.md)
+BUDGETS = [
+    ("maxbatch_qwen2_0_5b_train_x1024_16gib_bf16w", "qwen2_0_5b", "maxbatch",
+     dict(run="train", n=1024, dtype=torch.bfloat16, budget_gib=16, start=6, cap_s=40), 25),
+    ("maxbatch_vit_b_16_train_10gib", "vit_b_16", "maxbatch", dict(run="train", budget_gib=10, start=69, cap_s=45), 25),
+    ("maxbatch_resnet50_train_8gib", "resnet50", "maxbatch", dict(run="train", budget_gib=8, start=90, cap_s=45), 25),
+    ("maxbatch_llama_1b_train_x1024_20gib_bf16w", "llama_1b", "maxbatch",
+     dict(run="train", n=1024, dtype=torch.bfloat16, budget_gib=20, start=6, cap_s=45), 25),
+]
+SETS = {"recorded": [(*c, 0.0) for c in CONFIGS], "heldout": HELDOUT, "budgets": BUDGETS}
 VOCAB = {"roberta_base": 50265, "llama_1b": 32000, "pythia_160m": 50304, "bert_base": 30522, "gpt2": 50257,
          "qwen2_0_5b": 151936, "mistral_7b": 32000, "mixtral_small": 32000}
 ENCODERS = ("roberta_base", "bert_base")  # no KV cache: no use_cache argument
