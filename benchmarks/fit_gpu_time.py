@@ -20,7 +20,12 @@ with their GPU durations. Every call is replayed on fake CPU tensors under archs
 3. host µs per aten op of each host class: least squares of the calls' host time as profiled;
 4. the profiler's own cost taken out: one factor on the host times, chosen so that the simulated
    eager runs (host timeline from 3, kernels as measured) match each fit configuration's
-   unprofiled ``eager_ms`` (least squares of the log ratio).
+   unprofiled ``eager_ms`` (least squares of the log ratio);
+5. the backward classes (``model.BACKWARD_CLASSES``: a training step's backward kernels by their
+   op's forward class) from the backward calls of the training steps in ``BACKWARD_CONFIGS`` (the
+   autograd engine's thread; a convolution's backward filed by its groups, as
+   ``archscan.memory.train`` files it): kernels per op as in 1, then their compute and bandwidth
+   fractions as in 2 with the floor and the forward classes held at the fit of 2.
 
 Only the configurations in ``FIT_CONFIGS`` are fit on; every other one is predicted (held out), and
 ``--loo`` prints each configuration predicted by a fit on all the others.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import gzip
 import json
 import math
@@ -50,11 +56,17 @@ from archscan.costs import cost_op, storage_key, tensors_in  # noqa: E402
 from archscan.costs.kernels import run_op  # noqa: E402
 from archscan.devices.gpus import gpu as named_gpu  # noqa: E402
 from archscan.measure import gpu as model  # noqa: E402
+from archscan.memory.train import backward_category  # noqa: E402
 
 TRUTH = ROOT / "tests" / "gpu_truth"
 # fit on these; every other recorded latency configuration is held out (tests/test_gpu_time.py names the same)
 FIT_CONFIGS = ("lat_resnet50_fwd_b64_bf16", "lat_mobilenet_v2_fwd_b128_bf16", "lat_vit_b_16_fwd_b64_bf16",
                "lat_llama_1b_decode_b1_l2048_bf16", "lat_llama_1b_decode_b16_l2048_bf16")
+# the recorded training steps whose backward kernels fit the backward classes (model.BACKWARD_CLASSES); their
+# forward and optimizer are not fit on. The H100 set's training steps stay held out.
+BACKWARD_CONFIGS = ("lat_resnet50_train_b32_fp32", "mem_resnet50_train_b32", "mem_mobilenet_v2_train_b64",
+                    "mem_vit_b_16_train_b16", "mem_roberta_base_train_8x512", "mem_roberta_base_train_8x512_bf16",
+                    "mem_pythia_160m_train_4x1024", "mem_llama_1b_train_2x2048_bf16w")
 DATE = "2026-11-26"
 
 _DTYPES = {"c10::BFloat16": torch.bfloat16, "float": torch.float32, "c10::Half": torch.float16, "double": torch.float64,
@@ -123,6 +135,41 @@ def read_trace(path: Path) -> list[Call]:
     return calls
 
 
+def read_backward(path: Path) -> list[Call]:
+    """The aten calls of a training step's backward (the autograd engine's thread: every thread but the
+    main one), the outermost aten call of each nest, with their kernels; no host time."""
+    with gzip.open(path, "rt") as fh:
+        events = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: (e["ts"], -e["dur"]))
+    main = ops[0]["tid"]
+    by_id = {e["args"]["External id"]: e for e in ops}
+    tops, stacks = [], {}
+    for e in ops:
+        if e["tid"] == main:
+            continue
+        stack = stacks.setdefault(e["tid"], [])
+        while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]:
+            stack.pop()
+        outer = next((s for s in stack if s["name"].startswith("aten::")), None)
+        if outer is not None:
+            e["_top"] = outer
+        elif e["name"].startswith("aten::"):
+            e["_top"] = e
+            tops.append(e)
+        stack.append(e)
+    kernel_time: dict[int, list] = {}
+    for k in events:
+        if k.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
+            op = by_id.get(k["args"].get("External id"))
+            if op is not None and "_top" in op:
+                kernel_time.setdefault(id(op["_top"]), []).append(k["dur"])
+    calls = []
+    for e in tops:
+        ks = kernel_time.get(id(e), [])
+        calls.append(Call(e["name"], e["args"], 0.0, sum(ks), len(ks)))
+    return calls
+
+
 def read_summary(root: Path = TRUTH) -> tuple[dict, dict]:
     """(the environment line, {id: configuration}) of ``summary.jsonl``."""
     env, configs = {}, {}
@@ -148,7 +195,8 @@ class _Costs(TorchDispatchMode):
         out = run_op(func, args, kwargs)
         if func.namespace != "prim":
             tensors = tensors_in(out)
-            self.ops.append((cost_op(func, args, kwargs, out, self.weights),
+            cost = cost_op(func, args, kwargs, out, self.weights)
+            self.ops.append((dataclasses.replace(cost, category=backward_category(func, args, cost.category)),
                              str(tensors[0].dtype).removeprefix("torch.") if tensors else None))
         return out
 
@@ -236,9 +284,10 @@ def replay(call: Call) -> list | None:
     return None
 
 
-def works_of(ops: list, name: str = "") -> list[model.Work]:
+def works_of(ops: list, name: str = "", backward: bool = False) -> list[model.Work]:
     """The replayed ops of a call as the model's ``Work``s: one per op. A pooling call is pooling, as
-    archscan's node of a pooling module is, whatever op runs it (adaptive average pooling to 1×1 runs a mean)."""
+    archscan's node of a pooling module is, whatever op runs it (adaptive average pooling to 1×1 runs a mean).
+    A backward call's ops are in their backward classes (``model.backward_class``)."""
     out = []
     for cost, dtype in ops:
         if cost.category == "view":
@@ -246,6 +295,8 @@ def works_of(ops: list, name: str = "") -> list[model.Work]:
             continue
         category = "pooling" if "pool" in name and cost.category == "reduction" else cost.category
         kclass = model.kernel_class(category, (cost.op,), cost.attrs)
+        if backward:
+            kclass = model.backward_class(kclass)
         executed = cost.attrs.get("executed_flops", cost.flops)
         eager = executed if cost.attrs.get("causal") else cost.flops
         launches = 1 if not cost.op.startswith(model._NO_KERNEL) else 0
@@ -262,6 +313,18 @@ def load(names) -> dict[str, list[Call]]:
         for c in calls:
             c.ops = replay(c)
             c.works = works_of(c.ops, c.name) if c.ops is not None else []
+        out[name] = calls
+    return out
+
+
+def load_backward(names) -> dict[str, list[Call]]:
+    """Each training step's backward calls, replayed."""
+    out = {}
+    for name in names:
+        calls = read_backward(TRUTH / name / "trace.json.gz")
+        for c in calls:
+            c.ops = replay(c)
+            c.works = works_of(c.ops, c.name, backward=True) if c.ops is not None else []
         out[name] = calls
     return out
 
@@ -292,8 +355,9 @@ def nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
 
 # --- the fit -------------------------------------------------------------------------------------------
 
-def fit(data: dict[str, list[Call]], configs: dict, gpu) -> model.GpuTimeFit:
-    """The model's constants from ``data`` (see the module docstring)."""
+def fit(data: dict[str, list[Call]], configs: dict, gpu, backward: dict[str, list[Call]] | None = None) -> model.GpuTimeFit:
+    """The model's constants from ``data`` (see the module docstring), and the backward classes' from the
+    training steps' ``backward`` calls (step 5)."""
     calls = [c for name in data for c in data[name] if c.ops is not None]
     kernels = _kernels_per_op(calls)
     floor, compute, bandwidth, priors = _kernel_fit(calls, kernels, gpu)
@@ -307,10 +371,18 @@ def fit(data: dict[str, list[Call]], configs: dict, gpu) -> model.GpuTimeFit:
         if k not in host_us:
             host_us[k] = model.PRIOR.host_us[k]
             priors.append(f"host_us.{k}")
-    return model.GpuTimeFit(floor_us=_round(floor), compute=compute, bandwidth=bandwidth, kernels=kernels,
-                            host_us=dict(sorted(host_us.items())),
-                            source=f"benchmarks/fit_gpu_time.py, tests/gpu_truth, {len(data)} runs, {DATE}",
-                            priors=tuple(sorted(priors)))
+    source = f"benchmarks/fit_gpu_time.py, tests/gpu_truth, {len(data)} runs, {DATE}"
+    result = model.GpuTimeFit(floor_us=_round(floor), compute=compute, bandwidth=bandwidth, kernels=kernels,
+                              host_us=dict(sorted(host_us.items())), source=source, priors=tuple(sorted(priors)))
+    if not backward:
+        return result
+    bc, bb, bk = _backward_fit([c for n in backward for c in backward[n] if c.ops is not None], result, gpu)
+    return dataclasses.replace(
+        result, compute=dict(sorted({**compute, **bc}.items())), bandwidth=dict(sorted({**bandwidth, **bb}.items())),
+        kernels=dict(sorted({**kernels, **bk}.items())),
+        priors=tuple(k for k in result.priors if k.split(".", 1)[1] not in (bc if k.startswith("compute.") else bb)),
+        source=f"benchmarks/fit_gpu_time.py, tests/gpu_truth, {len(data)} runs and {len(backward)} training steps' "
+               f"backward, {DATE}")
 
 
 def _round(v: float, digits: int = 3) -> float:
@@ -393,6 +465,60 @@ def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dic
             bandwidth[k] = v
             priors.append(f"bandwidth.{k}")
     return float(x[0]), dict(sorted(compute.items())), dict(sorted(bandwidth.items())), sorted(set(priors))
+
+
+def _backward_fit(calls: list[Call], base: model.GpuTimeFit, gpu) -> tuple[dict, dict, dict]:
+    """Compute and bandwidth fractions and kernels per op of the backward classes, from the training steps'
+    backward calls: the floor and the forward classes' fractions held at ``base`` (the forward fit), the
+    same regime-iterated non-negative least squares as the forward's on what the backward classes take."""
+    backward = set(model.BACKWARD_CLASSES.values())
+    kernels = {k: v for k, v in _kernels_per_op(calls).items() if k in backward}
+    rows = [c for c in calls if c.kernels and c.kernel_us > 0 and _classes(c) & backward]
+    compute_classes = sorted({w.kclass for c in rows for w in c.works if w.flops and w.kclass in backward})
+    memory_classes = sorted({w.kclass for c in rows for w in c.works if w.kclass in backward})
+    cols = [f"c.{k}" for k in compute_classes] + [f"b.{k}" for k in memory_classes]
+    index = {k: i for i, k in enumerate(cols)}
+    def prior(table: dict, k: str) -> float:
+        return table.get(k, table[k.removesuffix("_backward")])
+
+    x = np.array([1 / prior(model.PRIOR.compute, k[2:]) if k.startswith("c.") else 1 / prior(model.PRIOR.bandwidth, k[2:])
+                  for k in cols])
+    bw = gpu.bandwidth_tbs * 1e12
+    known = np.zeros(len(rows))
+    for r, c in enumerate(rows):
+        for w in c.works:
+            if w.kclass == "view":
+                continue
+            known[r] += w.launches * kernels.get(w.kclass, base.kernels.get(w.kclass, 1.0)) * base.floor_us
+            if w.kclass not in backward:
+                known[r] += model.kernel_us(dataclasses.replace(w, launches=0), gpu, base)[0]
+    b = np.maximum(np.array([c.kernel_us for c in rows]) - known, 0.0)
+    weight = 1 / np.sqrt(np.array([c.kernel_us for c in rows]))
+    regimes, used = None, np.zeros(len(cols), bool)
+    for _ in range(50):
+        a = np.zeros((len(rows), len(cols)))
+        chosen = []
+        for r, c in enumerate(rows):
+            for w in c.works:
+                if w.kclass not in backward:
+                    continue
+                cu = w.flops / model.peak_macs(gpu, w.dtype, w.kclass) * 1e6 if w.flops else 0.0
+                mu = w.bytes / bw * 1e6
+                ct = cu * x[index[f"c.{w.kclass}"]] if w.flops else 0.0
+                if max(ct, mu * x[index[f"b.{w.kclass}"]]) < _SMALL_US:
+                    continue
+                use_compute = bool(w.flops) and ct >= mu * x[index[f"b.{w.kclass}"]]
+                chosen.append(use_compute)
+                a[r, index[f"c.{w.kclass}" if use_compute else f"b.{w.kclass}"]] += cu if use_compute else mu
+        used = a.any(axis=0)
+        solved = nnls(a[:, used] * weight[:, None], b * weight)
+        x[used] = np.where(solved > 0, solved, x[used])
+        if chosen == regimes:
+            break
+        regimes = chosen
+    compute = {k: _round(min(1 / x[index[f"c.{k}"]], 1.0)) for k in compute_classes if used[index[f"c.{k}"]]}
+    bandwidth = {k: _round(min(1 / x[index[f"b.{k}"]], 1.0)) for k in memory_classes if used[index[f"b.{k}"]]}
+    return compute, bandwidth, kernels
 
 
 def _host_fit(data: dict[str, list[Call]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -598,7 +724,8 @@ def main() -> int:
         print(f"  {name}: {len(calls)} calls, {len(calls) - len(missed)} replayed"
               + (f" (not: {', '.join(sorted(set(missed)))})" if missed else ""))
     fitted = set(FIT_CONFIGS)
-    result = fit({n: data[n] for n in FIT_CONFIGS}, latency, gpu)
+    backward = load_backward(BACKWARD_CONFIGS)
+    result = fit({n: data[n] for n in FIT_CONFIGS}, latency, gpu, backward)
     print("\n" + fit_text(result))
     print_table(table(data, latency, result, gpu, fitted), "replayed calls, predicted with the fit (ms):")
     by_class(data, result, gpu)

@@ -42,7 +42,12 @@ MODELS = str(TRUTH / "models.py")
 # the configurations benchmarks/fit_gpu_time.py fits on (FIT_CONFIGS there), and the ones held out
 FIT = ("lat_resnet50_fwd_b64_bf16", "lat_mobilenet_v2_fwd_b128_bf16", "lat_vit_b_16_fwd_b64_bf16",
        "lat_llama_1b_decode_b1_l2048_bf16", "lat_llama_1b_decode_b16_l2048_bf16")
-HELD_OUT = ("lat_resnet50_fwd_b64_fp32", "lat_llama_1b_prefill_1x2048_bf16", "lat_resnet50_train_b32_fp32")
+HELD_OUT = ("lat_resnet50_fwd_b64_fp32", "lat_llama_1b_prefill_1x2048_bf16")
+# the training steps whose backward kernels fit the backward classes (BACKWARD_CONFIGS there): the latency one is
+# checked as a fit configuration
+FIT_TRAIN = ("lat_resnet50_train_b32_fp32", "mem_resnet50_train_b32", "mem_mobilenet_v2_train_b64",
+             "mem_vit_b_16_train_b16", "mem_roberta_base_train_8x512", "mem_roberta_base_train_8x512_bf16",
+             "mem_pythia_160m_train_4x1024", "mem_llama_1b_train_2x2048_bf16w")
 # the H100 set's latency configurations archscan can build here (ConvNeXt-T, EfficientNet-B0 and Swin-T
 # need torchvision, which does not import beside the CPU build of torch)
 HELD_OUT_H100 = ("lat_mistral_7b_decode_b1_l2048_bf16", "lat_mistral_7b_decode_b1_l16384_bf16",
@@ -143,12 +148,14 @@ def test_fit_and_test_sets_are_apart():
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    from fit_gpu_time import FIT_CONFIGS
+    from fit_gpu_time import BACKWARD_CONFIGS, FIT_CONFIGS
 
-    assert FIT == FIT_CONFIGS
-    assert not set(FIT) & set(HELD_OUT + HELD_OUT_H100)
+    assert FIT == FIT_CONFIGS and FIT_TRAIN == BACKWARD_CONFIGS
+    assert not (set(FIT) | set(FIT_TRAIN)) & set(HELD_OUT + HELD_OUT_H100)
+    assert all(truth()[n]["gpu"] == "h200" for n in FIT_TRAIN)  # the H100's training steps stay held out
     recorded = {k for k, v in truth().items() if k.startswith("lat_") and v["gpu"] == "h200"}
-    assert recorded == set(FIT) | set(HELD_OUT)  # every recorded latency configuration is in one of the two
+    # every recorded latency configuration is in one of the three
+    assert recorded == set(FIT) | set(HELD_OUT) | {n for n in FIT_TRAIN if n.startswith("lat_")}
     assert model.FIT.source.startswith("benchmarks/fit_gpu_time.py") and f"{len(FIT)} runs" in model.FIT.source
 
 
@@ -165,7 +172,7 @@ def test_held_out_as_served(name):
     assert abs(ratio(name, "served_ms") - 1) <= BOUND
 
 
-@pytest.mark.parametrize("name", FIT)
+@pytest.mark.parametrize("name", FIT + tuple(n for n in FIT_TRAIN if n.startswith("lat_")))
 def test_fit_configurations(name):
     """The configurations fit on, within 35% as written (the host's speed varied 1.8x between the two
     decode steps, which take the middle) and 25% as served."""

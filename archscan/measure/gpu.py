@@ -67,7 +67,7 @@ class GpuTimeFit:
 PRIOR = GpuTimeFit(
     floor_us=2.0,
     compute={"gemm": 0.70, "attention": 0.50, "conv": 0.55, "patch_conv": 0.50, "grouped_conv": 0.30,
-             "depthwise_conv": 0.10},
+             "depthwise_conv": 0.10, "depthwise_conv_backward": 0.02},
     bandwidth={"gemm": 0.80, "attention": 0.80, "conv": 0.80, "patch_conv": 0.50, "grouped_conv": 0.50, "depthwise_conv": 0.30,
                "elementwise": 0.80, "activation": 0.80, "norm": 0.80, "batch_norm": 0.50, "reduction": 0.60,
                "pooling": 0.50, "copy": 0.80, "cat": 0.50, "embedding": 0.60, "factory": 0.80, "other": 0.50,
@@ -83,18 +83,22 @@ PRIOR = GpuTimeFit(
 # Written by the script (`python benchmarks/fit_gpu_time.py --write`); `--check` fails when they differ.
 FIT = GpuTimeFit(
     floor_us=1.61,
-    compute={"attention": 0.5, "conv": 0.247, "depthwise_conv": 0.1, "gemm": 0.663, "grouped_conv": 0.3,
-        "patch_conv": 0.411},
-    bandwidth={"activation": 0.907, "attention": 0.519, "batch_norm": 0.324, "cat": 0.134, "conv": 0.689, "copy": 0.8,
-        "depthwise_conv": 0.131, "elementwise": 0.989, "embedding": 0.6, "factory": 0.8, "gemm": 0.7,
-        "grouped_conv": 0.5, "host_sync": 0.5, "norm": 0.286, "other": 0.5, "patch_conv": 0.5, "pooling": 0.216,
-        "reduction": 0.6, "rnn": 0.3},
-    kernels={"activation": 1.0, "attention": 1.5, "batch_norm": 3.0, "cat": 1.0, "conv": 2.45, "copy": 1.0,
-        "depthwise_conv": 1.0, "elementwise": 1.0, "embedding": 1.0, "gemm": 1.17, "norm": 1.0, "patch_conv": 3.0,
+    compute={"attention": 0.5, "attention_backward": 0.591, "conv": 0.247, "conv_backward": 0.217,
+        "depthwise_conv": 0.1, "depthwise_conv_backward": 0.0135, "gemm": 0.663, "gemm_backward": 0.717,
+        "grouped_conv": 0.3, "patch_conv": 0.411},
+    bandwidth={"activation": 0.907, "attention": 0.519, "batch_norm": 0.324, "batch_norm_backward": 0.273,
+        "cat": 0.134, "conv": 0.689, "conv_backward": 0.427, "copy": 0.8, "depthwise_conv": 0.131,
+        "elementwise": 0.989, "elementwise_backward": 0.919, "embedding": 0.6, "factory": 0.8, "gemm": 0.7,
+        "grouped_conv": 0.5, "host_sync": 0.5, "norm": 0.286, "norm_backward": 0.321, "other": 0.5, "patch_conv": 0.5,
+        "pooling": 0.216, "reduction": 0.6, "rnn": 0.3},
+    kernels={"activation": 1.0, "attention": 1.5, "attention_backward": 5.25, "batch_norm": 3.0,
+        "batch_norm_backward": 1.0, "cat": 1.0, "conv": 2.45, "conv_backward": 5.19, "copy": 1.0,
+        "depthwise_conv": 1.0, "depthwise_conv_backward": 2.0, "elementwise": 1.0, "elementwise_backward": 1.0,
+        "embedding": 1.0, "gemm": 1.17, "gemm_backward": 1.44, "norm": 1.0, "norm_backward": 2.35, "patch_conv": 3.0,
         "pooling": 1.0, "reduction": 1.0},
     host_us={"attention": 78.8, "batch_norm": 71.5, "conv": 60.6, "gemm": 20.7, "module": 7.1, "op": 15.6,
         "view": 3.49},
-    source='benchmarks/fit_gpu_time.py, tests/gpu_truth, 5 runs, 2026-11-26',
+    source="benchmarks/fit_gpu_time.py, tests/gpu_truth, 5 runs and 8 training steps' backward, 2026-11-26",
     priors=('bandwidth.copy', 'bandwidth.embedding', 'bandwidth.factory', 'bandwidth.grouped_conv',
         'bandwidth.host_sync', 'bandwidth.other', 'bandwidth.patch_conv', 'bandwidth.reduction', 'bandwidth.rnn',
         'compute.attention', 'compute.depthwise_conv', 'compute.grouped_conv'))
@@ -103,6 +107,14 @@ MEMORY_CLASSES = ("elementwise", "activation", "norm", "batch_norm", "reduction"
                   "embedding", "factory", "other", "host_sync", "rnn")
 COMPUTE_CLASSES = ("gemm", "attention", "conv", "patch_conv", "grouped_conv", "depthwise_conv")
 HOST_CLASSES = ("view", "op", "gemm", "conv", "attention", "batch_norm", "module")
+# A training step's backward kernels by the forward class of their op: cuDNN's input- and weight-gradient
+# convolutions, its depthwise backward (far slower than its forward in float32), the GEMMs of a linear's
+# gradients, the norms' and element-wise ops' backward kernels. Fit on the recorded training steps'
+# backward kernels (``benchmarks/fit_gpu_time.py``); a class without its own entry uses its forward's.
+BACKWARD_CLASSES = {"conv": "conv_backward", "patch_conv": "conv_backward", "grouped_conv": "grouped_conv_backward",
+                    "depthwise_conv": "depthwise_conv_backward", "gemm": "gemm_backward",
+                    "attention": "attention_backward", "norm": "norm_backward", "batch_norm": "batch_norm_backward",
+                    "elementwise": "elementwise_backward", "activation": "elementwise_backward"}
 _CONVS = ("conv", "patch_conv", "grouped_conv", "depthwise_conv")
 _HALF = ("bfloat16", "float16")
 # Ops that allocate or alias without launching a kernel (``predict.kernels``'s list, and aliases).
@@ -138,6 +150,9 @@ def peak_macs(gpu: GPU, dtype: str | None, kclass: str) -> float:
     on tensor cores, fp32 convolutions on TF32 tensor cores (half the bf16 figure), other fp32 work
     on CUDA cores."""
     half = gpu.bf16_tflops * 1e12 / 2
+    if kclass == "depthwise_conv_backward":  # cuDNN's depthwise gradients: per-channel kernels on CUDA cores
+        return gpu.fp32_tflops * 1e12 / 2
+    kclass = kclass.removesuffix("_backward")
     if kclass == "patch_conv":  # cuDNN's precomputed-index SGEMM, on CUDA cores whatever the dtype
         return gpu.fp32_tflops * 1e12 / 2
     if dtype in _HALF:
@@ -184,8 +199,21 @@ _BY_OP = (("aten.convolution_backward", "conv"), ("aten.cudnn_convolution", "con
           ("aten._foreach", "elementwise"), ("aten._fused_adam", "elementwise"), ("aten._fused_sgd", "elementwise"))
 
 
+def backward_class(kclass: str) -> str:
+    """The kernel class of a training step's backward op whose forward class is ``kclass``
+    (``BACKWARD_CLASSES``; the forward class where it has none: pooling, embedding, copies)."""
+    return BACKWARD_CLASSES.get(kclass, kclass)
+
+
+def _efficiency(table: dict, prior: dict, kclass: str) -> float:
+    """``kclass``'s fraction in ``table``; a backward class without one takes its forward class's."""
+    forward = kclass.removesuffix("_backward")
+    return table.get(kclass, table.get(forward, prior.get(kclass, prior.get(forward, 0.5))))
+
+
 def host_class(kclass: str) -> str:
     """The host-cost class of an aten op of kernel class ``kclass`` (``'view'`` for no kernel)."""
+    kclass = kclass.removesuffix("_backward")
     if kclass in ("gemm", "attention", "batch_norm"):
         return kclass
     if kclass in _CONVS:
@@ -306,13 +334,14 @@ def kernel_us(work: Work, gpu: GPU, fit: GpuTimeFit = FIT, served: bool = False)
     flops = work.served_flops if served else work.flops
     compute_us = 0.0
     if flops:
-        eff = fit.compute.get(work.kclass, PRIOR.compute.get(work.kclass, 0.5))
+        eff = _efficiency(fit.compute, PRIOR.compute, work.kclass)
         compute_us = flops / (eff * peak_macs(gpu, work.dtype, work.kclass)) * 1e6
-    bw = fit.bandwidth.get(work.kclass, PRIOR.bandwidth.get(work.kclass, 0.5))
+    bw = _efficiency(fit.bandwidth, PRIOR.bandwidth, work.kclass)
     nbytes = work.served_bytes if served and work.served_bytes is not None else work.bytes
     memory_us = nbytes / (bw * gpu.bandwidth_tbs * 1e12) * 1e6
     launches = max(work.launches, 1)
-    floor_us = launches * fit.kernels.get(work.kclass, 1.0) * fit.floor_us
+    per_op = fit.kernels.get(work.kclass, fit.kernels.get(work.kclass.removesuffix("_backward"), 1.0))
+    floor_us = launches * per_op * fit.floor_us
     roof = max(compute_us, memory_us)
     bound = "compute" if compute_us >= memory_us else "memory"
     if floor_us > roof:
@@ -383,7 +412,8 @@ def node_ms(node: NodeReport, gpu: GPU, fit: GpuTimeFit = FIT) -> tuple[float, s
 def training_ms(step: dict, gpu: GPU, fit: GpuTimeFit = FIT) -> dict | None:
     """A training step's time on ``gpu`` from its per-op-class sums (``op_classes``, built by
     ``archscan.memory.train``): per phase (forward, backward, the recompute of checkpointed regions,
-    optimizer) the kernels' time and the host's; as written the slower of the two per phase (a phase's
+    optimizer) the kernels' time (the backward's by ``BACKWARD_CLASSES``) and the host's; as written the
+    slower of the two per phase (a phase's
     kernels overlap its own host work, the phases follow one another), as served the kernels alone.
     None for a step without the sums. Each class's ops are priced together (their multiply-adds and
     bytes summed): exact for the memory-bound classes, a lower bound where one class mixes compute-
@@ -402,6 +432,8 @@ def training_ms(step: dict, gpu: GPU, fit: GpuTimeFit = FIT) -> dict | None:
                 host += count * fit.host_us.get("view", 0.0)
                 continue
             kclass = kernel_class(row["category"], (op,))
+            if phase == "backward":
+                kclass = backward_class(kclass)
             launches = count if _launches(op) else 0
             work = Work(kclass, row["dtype"], row.get("executed_flops", row["flops"]), row.get("executed_flops", row["flops"]),
                         row["mac_bytes"], launches, {host_class(kclass) if launches else "view": count})
@@ -415,5 +447,6 @@ def training_ms(step: dict, gpu: GPU, fit: GpuTimeFit = FIT) -> dict | None:
             "served_ms": sum(p["served_ms"] for p in phases.values()), "phases": phases}
 
 
-__all__ = ["FIT", "PRIOR", "GpuTimeFit", "Timeline", "Work", "execution_model", "gpu_of", "host_us", "kernel_class",
+__all__ = ["BACKWARD_CLASSES", "FIT", "PRIOR", "GpuTimeFit", "Timeline", "Work", "backward_class", "execution_model",
+           "gpu_of", "host_us", "kernel_class",
            "kernel_us", "node_ms", "node_work", "peak_macs", "simulate", "training_ms"]

@@ -132,7 +132,8 @@ class _StepTracker(MemoryTracker):
         self.rows.append((phase, module, cost.flops, mac, serials, split))
         outs = tensors_in(out)
         sums = self.op_classes.setdefault(phase, {}).setdefault(
-            (cost.op, cost.category, str(outs[0].dtype).removeprefix("torch.") if outs else None), [0, 0, 0, 0])
+            (cost.op, backward_category(func, args, cost.category), str(outs[0].dtype).removeprefix("torch.") if outs else None),
+            [0, 0, 0, 0])
         executed = cost.attrs.get("executed_flops", cost.flops) if cost.attrs.get("causal") else cost.flops
         for i, v in enumerate((1, cost.flops, executed, mac)):
             sums[i] += v
@@ -440,6 +441,17 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
                            for phase, rows in tracker.op_classes.items()},
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
 
+
+
+def backward_category(func, args, category: str) -> str:
+    """A convolution's backward filed by its groups, as its forward is (``conv``, ``depthwise_conv``,
+    ``grouped_conv``: their kernels differ, cuDNN's depthwise backward most); ``category`` otherwise."""
+    if func.overloadpacket is not torch.ops.aten.convolution_backward:
+        return category
+    # convolution_backward(grad_output [N, Cout, ...], input [N, Cin, ...], weight, bias_sizes, stride, padding,
+    # dilation, transposed, output_padding, groups, output_mask)
+    groups, channels = int(args[9]), int(args[1].shape[1])
+    return "conv" if groups == 1 else "depthwise_conv" if groups == channels else "grouped_conv"
 
 def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
     """Why the backward is not twice the forward, in multiply-adds against 2 × forward: layers that
