@@ -16,7 +16,8 @@ with their GPU durations. Every call is replayed on fake CPU tensors under archs
 2. the kernel floor and each class's compute and bandwidth fraction: least squares (non-negative,
    each call weighted by one over the square root of its measured kernel time) of
    ``Σ kernels × floor + max(flops / (compute × peak), bytes / (bandwidth × datasheet bandwidth))``
-   against the calls' kernel time, the bound of each op re-decided until it no longer changes;
+   against the calls' kernel time, the bound of each op re-decided until it no longer changes (a class in
+   ``model.RATE_CLASSES`` gets an absolute TB/s instead of a bandwidth fraction, which keeps its prior);
 3. host µs per aten op of each host class: least squares of the calls' host time as profiled;
 4. the profiler's own cost taken out: one factor on the host times, chosen so that the simulated
    eager runs (host timeline from 3, kernels as measured) match each fit configuration's
@@ -360,7 +361,7 @@ def fit(data: dict[str, list[Call]], configs: dict, gpu, backward: dict[str, lis
     training steps' ``backward`` calls (step 5)."""
     calls = [c for name in data for c in data[name] if c.ops is not None]
     kernels = _kernels_per_op(calls)
-    floor, compute, bandwidth, priors = _kernel_fit(calls, kernels, gpu)
+    floor, compute, bandwidth, rate, priors = _kernel_fit(calls, kernels, gpu)
     host, speeds = _host_fit(data)
     print("host: speed of each run against their average: " + ", ".join(f"{n} {v:.2f}" for n, v in speeds.items()))
     scale, per_run = _host_scale(data, configs)
@@ -373,7 +374,8 @@ def fit(data: dict[str, list[Call]], configs: dict, gpu, backward: dict[str, lis
             priors.append(f"host_us.{k}")
     source = f"benchmarks/fit_gpu_time.py, tests/gpu_truth, {len(data)} runs, {DATE}"
     result = model.GpuTimeFit(floor_us=_round(floor), compute=compute, bandwidth=bandwidth, kernels=kernels,
-                              host_us=dict(sorted(host_us.items())), source=source, priors=tuple(sorted(priors)))
+                              host_us=dict(sorted(host_us.items())), source=source, priors=tuple(sorted(priors)),
+                              rate_tbs=rate)
     if not backward:
         return result
     bc, bb, bk = _backward_fit([c for n in backward for c in backward[n] if c.ops is not None], result, gpu)
@@ -409,8 +411,9 @@ def _kernels_per_op(calls: list[Call]) -> dict[str, float]:
     return {k: _round(v[0] / v[1]) for k, v in sorted(launched.items())}
 
 
-def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dict, list]:
-    """floor µs, compute and bandwidth fractions per class: the regime-iterated non-negative least squares."""
+def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dict, dict, list]:
+    """floor µs, compute and bandwidth fractions per class, and the absolute TB/s of ``model.RATE_CLASSES``
+    (their bandwidth fraction kept at its prior): the regime-iterated non-negative least squares."""
     rows = [c for c in calls if c.kernels and c.kernel_us > 0 and _classes(c)]
     compute_classes = sorted({w.kclass for c in rows for w in c.works if w.flops})
     memory_classes = sorted({w.kclass for c in rows for w in c.works if w.kclass != "view"})
@@ -423,6 +426,11 @@ def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dic
     for k in memory_classes:
         x[index[f"b.{k}"]] = 1 / model.PRIOR.bandwidth[k]
     bw = gpu.bandwidth_tbs * 1e12
+    # a rate class's column is µs at 1 TB/s: its solution is 1 / the class's TB/s, whatever the GPU
+    per_byte = {k: 1e12 if k in model.RATE_CLASSES else bw for k in memory_classes}
+    for k in memory_classes:
+        if k in model.RATE_CLASSES:
+            x[index[f"b.{k}"]] /= gpu.bandwidth_tbs
     regimes = None
     for _ in range(50):
         a = np.zeros((len(rows), len(cols)))
@@ -433,7 +441,7 @@ def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dic
                     continue
                 a[r, 0] += w.launches * kernels.get(w.kclass, 1.0)
                 cu = w.flops / model.peak_macs(gpu, w.dtype, w.kclass) * 1e6 if w.flops else 0.0
-                mu = w.bytes / bw * 1e6
+                mu = w.bytes / per_byte[w.kclass] * 1e6
                 if max(cu * x[index[f"c.{w.kclass}"]] if w.flops else 0.0, mu * x[index[f"b.{w.kclass}"]]) < _SMALL_US:
                     continue  # a tiny op: its floor, not its bytes, is what it takes; it says nothing of a rate
                 use_compute = bool(w.flops) and cu * x[index[f"c.{w.kclass}"]] >= mu * x[index[f"b.{w.kclass}"]]
@@ -455,7 +463,9 @@ def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dic
     priors = [f"compute.{k}" for k in compute_classes if not used[index[f"c.{k}"]]]
     priors += [f"bandwidth.{k}" for k in memory_classes if not used[index[f"b.{k}"]]]
     compute = {k: _round(min(1 / x[index[f"c.{k}"]], 1.0)) for k in compute_classes if used[index[f"c.{k}"]]}
-    bandwidth = {k: _round(min(1 / x[index[f"b.{k}"]], 1.0)) for k in memory_classes if used[index[f"b.{k}"]]}
+    bandwidth = {k: _round(min(1 / x[index[f"b.{k}"]], 1.0)) for k in memory_classes
+                 if used[index[f"b.{k}"]] and k not in model.RATE_CLASSES}
+    rate = {k: _round(1 / x[index[f"b.{k}"]]) for k in memory_classes if used[index[f"b.{k}"]] and k in model.RATE_CLASSES}
     for k, v in model.PRIOR.compute.items():
         if k not in compute:
             compute[k] = v
@@ -464,7 +474,7 @@ def _kernel_fit(calls: list[Call], kernels: dict, gpu) -> tuple[float, dict, dic
         if k not in bandwidth:
             bandwidth[k] = v
             priors.append(f"bandwidth.{k}")
-    return float(x[0]), dict(sorted(compute.items())), dict(sorted(bandwidth.items())), sorted(set(priors))
+    return float(x[0]), dict(sorted(compute.items())), dict(sorted(bandwidth.items())), rate, sorted(set(priors))
 
 
 def _backward_fit(calls: list[Call], base: model.GpuTimeFit, gpu) -> tuple[dict, dict, dict]:
@@ -645,7 +655,7 @@ def fit_text(f: model.GpuTimeFit) -> str:
         return "{" + ", ".join(f'"{k}": {v!r}' for k, v in values.items()) + "}"
     return (f"FIT = GpuTimeFit(\n    floor_us={f.floor_us!r},\n    compute={d(f.compute)},\n"
             f"    bandwidth={d(f.bandwidth)},\n    kernels={d(f.kernels)},\n    host_us={d(f.host_us)},\n"
-            f"    source={f.source!r},\n    priors={f.priors!r})\n")
+            f"    source={f.source!r},\n    priors={f.priors!r},\n    rate_tbs={d(f.rate_tbs)})\n")
 
 
 _FIT_BLOCK = re.compile(r"^FIT = .*?\n(?=\n)", re.S | re.M)
@@ -673,20 +683,20 @@ def _wrap(text: str, width: int = 120) -> str:
 
 
 def same(a: model.GpuTimeFit, b: model.GpuTimeFit) -> bool:
-    return (a.floor_us, a.compute, a.bandwidth, a.kernels, a.host_us, a.priors) == \
-           (b.floor_us, b.compute, b.bandwidth, b.kernels, b.host_us, b.priors)
+    return (a.floor_us, a.compute, a.bandwidth, a.kernels, a.host_us, a.priors, a.rate_tbs) == \
+           (b.floor_us, b.compute, b.bandwidth, b.kernels, b.host_us, b.priors, b.rate_tbs)
 
 
 def scan_predictions(fitted: set) -> list[dict]:
     """Every configuration tests/test_gpu_time.py predicts, the way a user gets it (archscan.scan with
     the GPU's datasheet profile; a decode step as --decode runs it), with the old datasheet roofline's."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_gpu_time import FIT, HELD_OUT, HELD_OUT_H100, predict_config, truth  # noqa: E402
+    from test_gpu_time import FIT, FIT_TRAIN, HELD_OUT, HELD_OUT_H100, predict_config, truth  # noqa: E402
 
     rows = []
-    for name in FIT + HELD_OUT + HELD_OUT_H100:
+    for name in FIT + tuple(n for n in FIT_TRAIN if n.startswith("lat_")) + HELD_OUT + HELD_OUT_H100:
         got, rec = predict_config(name), truth()[name]
-        rows.append({"config": f"{name} ({rec['gpu']})", "set": "fit" if name in fitted else "held out",
+        rows.append({"config": f"{name} ({rec['gpu']})", "set": "fit" if name in fitted or name in FIT_TRAIN else "held out",
                      "eager_pred": got["eager_ms"], "eager_ms": rec["eager_ms"], "served_pred": got["served_ms"],
                      "graph_ms": rec.get("graph_ms"), "kernels_ms": float("nan"), "roofline": got["roofline_ms"]})
     return rows

@@ -127,14 +127,11 @@ def ratio(name: str, key: str = "eager_ms") -> float:
     return predict_config(name)[key] / rec["eager_ms" if key == "eager_ms" else "graph_ms"]
 
 
-# Known misses on held-out data, kept failing on purpose (strict): each names why.
-KNOWN_MISSES = {
-    # The KV cache's torch.cat (transformers' DynamicCache) ran at 0.64 TB/s on the H200 and 0.67 TB/s on the
-    # H100: the same rate on two GPUs whose HBM differs 1.43x, so a kernel-bound copy, which the model
-    # prices at a fraction of each GPU's bandwidth (fit on the H200): 38 ms of cat predicted for 26 measured.
-    "lat_mistral_7b_decode_b16_l4096_bf16": "KV-cache cat is kernel-bound, not a fraction of HBM bandwidth",
-    "lat_mistral_7b_decode_b32_l2048_bf16": "KV-cache cat is kernel-bound, not a fraction of HBM bandwidth",
-}
+# Known misses on held-out data, kept failing on purpose (strict): each names why. None at present: the KV
+# cache's torch.cat (transformers' DynamicCache), kernel-bound at 0.64 TB/s on the H200 and 0.67 TB/s on the
+# H100, missed Mistral-7B's decode at batch 16 and 32 on the H100 by 1.32x until the model priced it at an
+# absolute rate (gpu.RATE_CLASSES).
+KNOWN_MISSES: dict[str, str] = {}
 
 
 def _held_out(names):

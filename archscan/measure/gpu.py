@@ -14,7 +14,8 @@ both sides and simulates them, so that one op stream gives two labelled predicti
   back to back.
 
 A kernel takes ``kernels × FIT.floor_us + max(flops / (compute × peak), bytes / (bandwidth ×
-datasheet bandwidth))``: ``compute`` and ``bandwidth`` are the fraction of the datasheet figure
+datasheet bandwidth))`` (for a class in ``RATE_CLASSES``, bytes over the lesser of that and an absolute
+rate, ``FIT.rate_tbs``: a concatenation's kernel is bound by itself, not by HBM): ``compute`` and ``bandwidth`` are the fraction of the datasheet figure
 each kernel class reaches (``kernel_class``), ``kernels`` how many kernels an aten op of the
 class launches on the GPU (cuDNN's layout transposes, batch norm's three kernels). The peak is
 the dtype's: bf16/fp16 tensor cores; fp32 matmuls on CUDA cores (torch's default
@@ -59,6 +60,8 @@ class GpuTimeFit:
     host_us: dict[str, float]           # host class -> host µs per aten op in eager PyTorch (unprofiled)
     source: str = ""
     priors: tuple[str, ...] = field(default=())  # the entries the fit had no data for (kept at their prior)
+    # kernel class -> TB/s its kernels reach at most on any GPU (``RATE_CLASSES``: kernel-bound, not HBM-bound)
+    rate_tbs: dict[str, float] = field(default_factory=dict)
 
 
 # Where the fit has no data for a class, these stand (``benchmarks/fit_gpu_time.py`` starts from them
@@ -86,11 +89,11 @@ FIT = GpuTimeFit(
     compute={"attention": 0.5, "attention_backward": 0.591, "conv": 0.247, "conv_backward": 0.217,
         "depthwise_conv": 0.1, "depthwise_conv_backward": 0.0135, "gemm": 0.663, "gemm_backward": 0.717,
         "grouped_conv": 0.3, "patch_conv": 0.411},
-    bandwidth={"activation": 0.907, "attention": 0.519, "batch_norm": 0.324, "batch_norm_backward": 0.273,
-        "cat": 0.134, "conv": 0.689, "conv_backward": 0.427, "copy": 0.8, "depthwise_conv": 0.131,
-        "elementwise": 0.989, "elementwise_backward": 0.919, "embedding": 0.6, "factory": 0.8, "gemm": 0.7,
-        "grouped_conv": 0.5, "host_sync": 0.5, "norm": 0.286, "norm_backward": 0.321, "other": 0.5, "patch_conv": 0.5,
-        "pooling": 0.216, "reduction": 0.6, "rnn": 0.3},
+    bandwidth={"activation": 0.907, "attention": 0.519, "batch_norm": 0.324, "batch_norm_backward": 0.273, "cat": 0.5,
+        "conv": 0.689, "conv_backward": 0.427, "copy": 0.8, "depthwise_conv": 0.131, "elementwise": 0.989,
+        "elementwise_backward": 0.919, "embedding": 0.6, "factory": 0.8, "gemm": 0.7, "grouped_conv": 0.5,
+        "host_sync": 0.5, "norm": 0.286, "norm_backward": 0.321, "other": 0.5, "patch_conv": 0.5, "pooling": 0.216,
+        "reduction": 0.6, "rnn": 0.3},
     kernels={"activation": 1.0, "attention": 1.5, "attention_backward": 5.25, "batch_norm": 3.0,
         "batch_norm_backward": 1.0, "cat": 1.0, "conv": 2.45, "conv_backward": 5.19, "copy": 1.0,
         "depthwise_conv": 1.0, "depthwise_conv_backward": 2.0, "elementwise": 1.0, "elementwise_backward": 1.0,
@@ -99,12 +102,18 @@ FIT = GpuTimeFit(
     host_us={"attention": 78.8, "batch_norm": 71.5, "conv": 60.6, "gemm": 20.7, "module": 7.1, "op": 15.6,
         "view": 3.49},
     source="benchmarks/fit_gpu_time.py, tests/gpu_truth, 5 runs and 8 training steps' backward, 2026-11-26",
-    priors=('bandwidth.copy', 'bandwidth.embedding', 'bandwidth.factory', 'bandwidth.grouped_conv',
+    priors=('bandwidth.cat', 'bandwidth.copy', 'bandwidth.embedding', 'bandwidth.factory', 'bandwidth.grouped_conv',
         'bandwidth.host_sync', 'bandwidth.other', 'bandwidth.patch_conv', 'bandwidth.reduction', 'bandwidth.rnn',
-        'compute.attention', 'compute.depthwise_conv', 'compute.grouped_conv'))
+        'compute.attention', 'compute.depthwise_conv', 'compute.grouped_conv'),
+    rate_tbs={"cat": 0.645})
 
 MEMORY_CLASSES = ("elementwise", "activation", "norm", "batch_norm", "reduction", "pooling", "copy", "cat",
                   "embedding", "factory", "other", "host_sync", "rnn")
+# Classes whose kernels run at a rate of their own below a fast GPU's bandwidth: a memory time of bytes over
+# the lesser of a fraction of the datasheet bandwidth and an absolute rate (``GpuTimeFit.rate_tbs``). The
+# KV cache's ``torch.cat`` (a concatenation along the sequence dimension) ran at 0.64 TB/s on the H200 and
+# 0.67 TB/s on the H100, whose HBM differs 1.43x.
+RATE_CLASSES = ("cat",)
 COMPUTE_CLASSES = ("gemm", "attention", "conv", "patch_conv", "grouped_conv", "depthwise_conv")
 HOST_CLASSES = ("view", "op", "gemm", "conv", "attention", "batch_norm", "module")
 # A training step's backward kernels by the forward class of their op: cuDNN's input- and weight-gradient
@@ -338,7 +347,8 @@ def kernel_us(work: Work, gpu: GPU, fit: GpuTimeFit = FIT, served: bool = False)
         compute_us = flops / (eff * peak_macs(gpu, work.dtype, work.kclass)) * 1e6
     bw = _efficiency(fit.bandwidth, PRIOR.bandwidth, work.kclass)
     nbytes = work.served_bytes if served and work.served_bytes is not None else work.bytes
-    memory_us = nbytes / (bw * gpu.bandwidth_tbs * 1e12) * 1e6
+    rate = fit.rate_tbs.get(work.kclass)
+    memory_us = nbytes / (min(bw * gpu.bandwidth_tbs, rate or float("inf")) * 1e12) * 1e6
     launches = max(work.launches, 1)
     per_op = fit.kernels.get(work.kclass, fit.kernels.get(work.kclass.removesuffix("_backward"), 1.0))
     floor_us = launches * per_op * fit.floor_us
@@ -447,6 +457,6 @@ def training_ms(step: dict, gpu: GPU, fit: GpuTimeFit = FIT) -> dict | None:
             "served_ms": sum(p["served_ms"] for p in phases.values()), "phases": phases}
 
 
-__all__ = ["BACKWARD_CLASSES", "FIT", "PRIOR", "GpuTimeFit", "Timeline", "Work", "backward_class", "execution_model",
+__all__ = ["BACKWARD_CLASSES", "FIT", "PRIOR", "RATE_CLASSES", "GpuTimeFit", "Timeline", "Work", "backward_class", "execution_model",
            "gpu_of", "host_us", "kernel_class",
            "kernel_us", "node_ms", "node_work", "peak_macs", "simulate", "training_ms"]
