@@ -306,26 +306,14 @@ def works_of(ops: list, name: str = "", backward: bool = False) -> list[model.Wo
     return out
 
 
-def load(names) -> dict[str, list[Call]]:
-    """Each configuration's calls, replayed."""
+def load(names, backward: bool = False) -> dict[str, list[Call]]:
+    """Each configuration's calls (with ``backward``: each training step's backward calls), replayed."""
     out = {}
     for name in names:
-        calls = read_trace(TRUTH / name / "trace.json.gz")
+        calls = (read_backward if backward else read_trace)(TRUTH / name / "trace.json.gz")
         for c in calls:
             c.ops = replay(c)
-            c.works = works_of(c.ops, c.name) if c.ops is not None else []
-        out[name] = calls
-    return out
-
-
-def load_backward(names) -> dict[str, list[Call]]:
-    """Each training step's backward calls, replayed."""
-    out = {}
-    for name in names:
-        calls = read_backward(TRUTH / name / "trace.json.gz")
-        for c in calls:
-            c.ops = replay(c)
-            c.works = works_of(c.ops, c.name, backward=True) if c.ops is not None else []
+            c.works = works_of(c.ops, c.name, backward=backward) if c.ops is not None else []
         out[name] = calls
     return out
 
@@ -734,7 +722,7 @@ def main() -> int:
         print(f"  {name}: {len(calls)} calls, {len(calls) - len(missed)} replayed"
               + (f" (not: {', '.join(sorted(set(missed)))})" if missed else ""))
     fitted = set(FIT_CONFIGS)
-    backward = load_backward(BACKWARD_CONFIGS)
+    backward = load(BACKWARD_CONFIGS, backward=True)
     result = fit({n: data[n] for n in FIT_CONFIGS}, latency, gpu, backward)
     print("\n" + fit_text(result))
     print_table(table(data, latency, result, gpu, fitted), "replayed calls, predicted with the fit (ms):")
