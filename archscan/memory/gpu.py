@@ -26,8 +26,8 @@ recorded on an H200, ``tests/gpu_truth``):
 from __future__ import annotations
 
 import contextlib
-import os
 import contextvars
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -43,9 +43,10 @@ aten = torch.ops.aten
 # workspaces (a float32 and a bf16 matmul, a convolution and its backward), 64.0 MiB on an H200
 # with torch 2.11 (reports/memory-cuda-2026-11-26, `benchmarks/bench_memory_gpu.py measure`).
 LIBRARY_BYTES = 64 << 20
-# The CUDA context (the driver's and the kernels' images), outside the caching allocator: what
-# `nvidia-smi` shows for a process that has run one matmul less `torch.cuda.memory_reserved()`,
-# about 500 MiB with torch 2.11 on an H100/H200 (docs/memory.md).
+# The CUDA context (the driver's and the kernels' images), outside the caching allocator: an
+# estimate, not measured by archscan's runs (on the GPU: the device's used bytes by
+# `torch.cuda.mem_get_info()` less `torch.cuda.memory_reserved()`, after a first kernel); CUDA
+# 12-13 with lazily loaded kernels commonly takes 400-600 MiB.
 CONTEXT_BYTES = 500 << 20
 
 
