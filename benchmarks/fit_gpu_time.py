@@ -104,6 +104,18 @@ class Call:
     works: list = field(default_factory=list)
 
 
+def _kernel_times(events: list, by_id: dict) -> dict[int, list]:
+    """The durations of the GPU work (kernels, memsets, copies) each top-level op launched, by the
+    op's id: linked through the launching op's External id to its ``_top``."""
+    kernel_time: dict[int, list] = {}
+    for k in events:
+        if k.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
+            op = by_id.get(k["args"].get("External id"))
+            if op is not None and "_top" in op:
+                kernel_time.setdefault(id(op["_top"]), []).append(k["dur"])
+    return kernel_time
+
+
 def read_trace(path: Path) -> list[Call]:
     """The top-level aten calls of a trace's main thread, in order, with their kernels."""
     with gzip.open(path, "rt") as fh:
@@ -121,12 +133,7 @@ def read_trace(path: Path) -> list[Call]:
         if not stack:
             tops.append(e)
         stack.append(e)
-    kernel_time: dict[int, list] = {}
-    for k in events:
-        if k.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
-            op = by_id.get(k["args"].get("External id"))
-            if op is not None and "_top" in op:
-                kernel_time.setdefault(id(op["_top"]), []).append(k["dur"])
+    kernel_time = _kernel_times(events, by_id)
     calls, end = [], None
     for e in tops:
         gap = e["ts"] - end if end is not None else 0.0
@@ -158,12 +165,7 @@ def read_backward(path: Path) -> list[Call]:
             e["_top"] = e
             tops.append(e)
         stack.append(e)
-    kernel_time: dict[int, list] = {}
-    for k in events:
-        if k.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
-            op = by_id.get(k["args"].get("External id"))
-            if op is not None and "_top" in op:
-                kernel_time.setdefault(id(op["_top"]), []).append(k["dur"])
+    kernel_time = _kernel_times(events, by_id)
     calls = []
     for e in tops:
         ks = kernel_time.get(id(e), [])
