@@ -14,6 +14,11 @@ from archscan.load.recording import output_tensors
 
 
 def _allocations_peak(prof) -> int:
+    return _allocations_peak_and_end(prof)[0]
+
+
+def _allocations_peak_and_end(prof) -> tuple[int, int]:
+    """The highest running sum of a profile's CPU allocation events, and the sum at its end."""
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         ev = stack.pop()
@@ -24,7 +29,7 @@ def _allocations_peak(prof) -> int:
     for _, size in sorted(events):
         live += size
         peak = max(peak, live)
-    return peak
+    return peak, live
 
 
 def _resident(tensors) -> int:

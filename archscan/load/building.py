@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -347,10 +348,15 @@ def global_hooks_set_aside():
 
 
 def _kept_hook(hook) -> bool:
-    """Hooks that compute what forward uses are part of the model (``weight_norm``,
-    ``spectral_norm``, ``torch.nn.utils.prune``): torch's own hook objects."""
+    """Hooks that compute what forward uses are part of the model: torch's own hook objects
+    (``weight_norm``, ``spectral_norm``, ``torch.nn.utils.prune``), and torch.distributed's
+    (FSDP2's all-gathers, tensor parallel's input and output layouts)."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
     owner = hook.__self__ if hasattr(hook, "__self__") else hook
-    return (type(owner).__module__ or "").startswith("torch.nn.utils")
+    if (getattr(hook, "__module__", None) or "").startswith("torch.distributed"):
+        return True
+    return (type(owner).__module__ or "").startswith(("torch.nn.utils", "torch.distributed"))
 
 
 def strip_user_hooks(model: nn.Module) -> list[str]:
@@ -362,7 +368,7 @@ def strip_user_hooks(model: nn.Module) -> list[str]:
         for store in ("_forward_hooks", "_forward_pre_hooks"):
             hooks = getattr(module, store, None)
             for key, hook in list((hooks or {}).items()):
-                if store == "_forward_pre_hooks" and _kept_hook(hook):
+                if _kept_hook(hook):
                     continue
                 del hooks[key]
                 removed.append(path or type(model).__name__)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ..costs import tensors_in
 from ..costs.kernels import run_op
@@ -90,6 +91,10 @@ class MemoryTracker(TorchDispatchMode):
         self.phase_peaks: dict[str, int] = {}        # phase -> its highest live bytes
         self._watches: list[weakref.ref] = []  # one per storage made: its callback frees it
         self.hooks: list | None = None  # module hooks that tell it ``where`` (``module_hooks``), where a run has them
+        self.paused = False  # ops run untracked while True (metadata propagation that allocates nothing for real)
+        self.categories = CATEGORIES  # a stage may add its own (archscan.parallel: sharded parameters' buffers)
+        self.resize_category: str | None = None  # the category of storages resized in place (None: kept)
+        self._resized: dict[int, list[_Storage]] = {}  # storage key -> its records since it was first resized
 
     # --- storages -------------------------------------------------------------------------------------
 
@@ -103,6 +108,8 @@ class MemoryTracker(TorchDispatchMode):
         self.where = where
 
     def _add(self, t: torch.Tensor, category: str, phase: str, op: str) -> bool:
+        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):  # a DTensor holds the bytes of its local tensor
+            return any([self._add(u, category, phase, op) for u in _inner(t)])
         try:
             storage = t.untyped_storage()
         except Exception:  # a tensor subclass without storage (sparse, nested): not tracked
@@ -121,13 +128,14 @@ class MemoryTracker(TorchDispatchMode):
         return True
 
     def _free(self, key: int) -> None:
+        self._resized.pop(key, None)
         gone = self.live.pop(key, None)
         if gone is not None:
             self.log.append((False, gone, self.ops, self.phase))
             self.bytes -= gone.nbytes
 
     def storage_keys(self, tensors: Iterable[torch.Tensor]) -> set[int]:
-        return {t.untyped_storage()._cdata for t in tensors}
+        return {t.untyped_storage()._cdata for t in local_tensors(tensors)}
 
     def serials_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         """The serial numbers of the live storages of ``tensors``."""
@@ -137,6 +145,10 @@ class MemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        if wrapped(args, kwargs):  # a DTensor (or another wrapper): its own ops on its local tensors come back here
+            return NotImplemented
         for t in tensors_in((args, kwargs)):
             self._add(t, "inputs", "before", "")  # made outside the run and not registered: a constant
         out = run_op(func, args, kwargs)
@@ -153,6 +165,32 @@ class MemoryTracker(TorchDispatchMode):
         if scratch is not None:
             self.log.append((False, scratch, self.ops, self.phase))
         return out
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage resized in place (``UntypedStorage.resize_``: FSDP2 frees and refills its
+        unsharded parameters so): its old bytes freed and the new ones made, in the same category."""
+        key = storage._cdata
+        old = self.live.get(key)
+        nbytes = storage.nbytes()
+        if old is None or old.nbytes == nbytes:
+            return
+        self.log.append((False, old, self.ops, self.phase))
+        self.serials += 1
+        new = _Storage(nbytes, old.category, self.phase, old.op, self.where, old.shape, old.dtype, self.serials)
+        chain = self._resized.setdefault(key, [old])
+        chain.append(new)
+        if self.resize_category is not None:  # every record of the storage, from its first one (shared with the log)
+            for record in chain:
+                record.category = self.resize_category
+        self.live[key] = new
+        self.log.append((True, new, self.ops, self.phase))
+        self.bytes += nbytes - old.nbytes
+        if nbytes > old.nbytes:
+            self.ops += 1
+            if self.bytes > self.phase_peaks.get(self.phase, 0):
+                self.phase_peaks[self.phase] = self.bytes
+            if self.bytes > self.peak.bytes:
+                self._new_peak("resize_", 0)
 
     def _scratch(self, nbytes: int, func) -> _Storage:
         self.serials += 1
@@ -171,7 +209,7 @@ class MemoryTracker(TorchDispatchMode):
         the peak's breakdown by category and its largest tensors."""
         self.mark_grads(grads)
         peak = self.peak
-        by_category = dict.fromkeys(CATEGORIES, 0)
+        by_category = dict.fromkeys(self.categories, 0)
         live = self.live_at(self._peak_at)
         for s in live:  # a kernel's scratch at the peak is in the log as a temporary
             by_category[s.category] += s.nbytes
@@ -210,7 +248,7 @@ class MemoryTracker(TorchDispatchMode):
             if phase != "before":
                 moments.append((live, ops, phase, i))
         step = max(1, -(-len(moments) // points))
-        out, by_category, replayed = [], dict.fromkeys(CATEGORIES, 0), 0
+        out, by_category, replayed = [], dict.fromkeys(self.categories, 0), 0
         for start in range(0, len(moments), step):  # the categories replayed up to each chosen moment only
             live, ops, phase, index = max(moments[start:start + step], key=lambda m: m[0])
             for made, record, _, _ in self.log[replayed:index + 1]:
@@ -220,6 +258,35 @@ class MemoryTracker(TorchDispatchMode):
                         "by_category": {k: v for k, v in by_category.items() if v}})
         return out
 
+    def record_of(self, t: torch.Tensor) -> _Storage | None:
+        """The live record of ``t``'s storage (a DTensor's: its local tensor's), if it is followed."""
+        return next((self.live.get(u.untyped_storage()._cdata) for u in local_tensors([t])), None)
+
     def close(self) -> None:
         """Stop following the storages (a weak reference dropped calls nothing back)."""
         self._watches.clear()
+
+
+def wrapped(args, kwargs) -> bool:
+    """Does an op take a wrapper tensor subclass (a DTensor) other than a fake tensor? Its
+    ``__torch_dispatch__`` runs the op on the tensors it wraps, which is what allocates."""
+    return any(type(t) not in _PLAIN and is_traceable_wrapper_subclass(t) for t in tensors_in((args, kwargs)))
+
+
+_PLAIN = {FakeTensor, torch.Tensor, torch.nn.Parameter}
+
+
+def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors that hold storage: a DTensor's local tensor in its place."""
+    out = []
+    for t in tensors:
+        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+            out.extend(local_tensors(_inner(t)))
+        else:
+            out.append(t)
+    return out
+
+
+def _inner(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a wrapper subclass holds (``__tensor_flatten__`` also names other things: a DTensor's mesh)."""
+    return [u for u in (getattr(t, name) for name in t.__tensor_flatten__()[0]) if isinstance(u, torch.Tensor)]

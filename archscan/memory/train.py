@@ -117,6 +117,8 @@ class _StepTracker(MemoryTracker):
             out = super().__torch_dispatch__(func, types, args, kwargs)
         finally:
             self.phase = step_phase
+        if out is NotImplemented or self.paused:  # a DTensor's op: its local ops are costed as they come back
+            return out
         cost = cost_op(func, args, kwargs, out)
         if not cost.counted:
             self.uncounted[phase][cost.op] = self.uncounted[phase].get(cost.op, 0) + 1
@@ -205,10 +207,13 @@ def _restored(model: nn.Module):
                 m.__dict__.pop("forward", None)
 
 
-def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: ModelTarget, how: str) -> tuple:
+def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: ModelTarget, how: str,
+                   tracker: "_StepTracker | None" = None, runtime=contextlib.nullcontext) -> tuple:
     """The tracked steady-state step of ``model`` under ``base`` (a fake mode, or nothing for a real
     run, ``how`` says which): the settled tracker and the gradients. Raises ``CaptureError`` (its
-    cause the model's exception) when the step fails."""
+    cause the model's exception) when the step fails. ``tracker``: a ``_StepTracker`` of the
+    caller's (``archscan.parallel``'s records collectives); ``runtime(tracker)``: a context the
+    step runs in, around the tracker."""
     model.train()
     strip_user_hooks(model)  # the analysis is of forward itself (archscan.capture)
     _freeze(model, options.freeze)
@@ -222,7 +227,7 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
         raise ArchscanError(f"{target.name} has no trainable parameter" + (" left after --freeze" if options.freeze else ""),
                             hint="a training step needs a parameter that requires grad")
     optimizer = _optimizer(params, options)
-    tracker = _StepTracker()
+    tracker = tracker if tracker is not None else _StepTracker()
     tracker.frozen = {path for path, m in model.named_modules()
                       if any(True for _ in m.parameters(recurse=False)) and not any(p.requires_grad for p in m.parameters(recurse=False))}
 
@@ -247,7 +252,7 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
                      if isinstance(v, torch.Tensor)]
             tracker.register([v for v, _ in state], "optimizer_state", [m for _, m in state])
             tracker.peak.bytes = tracker.bytes
-            with tracker, gpu_kernels():
+            with runtime(tracker), tracker, gpu_kernels():
                 grads = _step(model, call, optimizer, options, tracker)
     except ArchscanError:
         raise

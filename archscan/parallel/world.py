@@ -1,0 +1,65 @@
+"""A world of ranks in one process: torch.distributed's fake process group and a device mesh.
+
+The fake backend (``torch.testing._internal.distributed.fake_pg``) answers every collective at
+once without moving data, so torch.distributed's own code (FSDP2's ``fully_shard``, tensor
+parallel's ``parallelize_module``, DTensor) runs as rank ``rank`` of ``world_size`` would, with
+every allocation and every collective it makes. Only one process group can exist in a process:
+a caller's own is refused rather than replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ArchscanError
+from .spec import ParallelSpec
+
+
+@contextlib.contextmanager
+def fake_world(spec: ParallelSpec, rank: int = 0) -> Iterator:
+    """The device mesh of ``spec`` (CPU, names from ``spec.mesh``) in a fake process group of
+    ``spec.world_size`` ranks seen from ``rank``; the group is destroyed on the way out."""
+    if not dist.is_available():
+        raise ArchscanError("this torch build has no torch.distributed", hint="--parallel needs it")
+    if dist.is_initialized():
+        raise ArchscanError("a torch.distributed process group already exists in this process",
+                            hint="run archscan --parallel outside a distributed job (it makes its own fake one)")
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
+    try:
+        names = tuple(spec.mesh)
+        yield init_device_mesh("cpu", tuple(spec.mesh.values()), mesh_dim_names=names)
+    finally:
+        dist.destroy_process_group()
+
+
+def group_size(pg) -> int | None:
+    """The size of a process group handed to a c10d op (a boxed ``ScriptObject``), or None."""
+    try:
+        return dist.ProcessGroup.unbox(pg).size()
+    except Exception:
+        return None
+
+
+def named_group_size(name: str) -> int | None:
+    """The size of the process group a functional collective names, or None."""
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        return _resolve_process_group(name).size()
+    except Exception:
+        return None
+
+
+def cpu_world_ok() -> bool:
+    """torch.distributed with its fake backend is importable here."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
+    except Exception:
+        return False
+    return dist.is_available() and torch.distributed.is_available()
