@@ -2,8 +2,8 @@
 
 A spec names the degree of each way of parallelism, comma-separated, outermost first, as a device
 mesh's dimensions: ``fsdp=8`` (FSDP2, parameters resharded after forward; ``fsdp=8:zero2`` keeps
-them unsharded from forward to backward), ``ddp=4`` (DistributedDataParallel), ``tp=8`` (tensor
-parallel with sequence-parallel norms), ``dp=2,fsdp=4`` (HSDP: replicated over 2 groups of 4
+them unsharded from forward to backward), ``ddp=4`` (DistributedDataParallel; ``ddp=4:bucket=50``
+sets its ``bucket_cap_mb``), ``tp=8`` (tensor parallel with sequence-parallel norms), ``dp=2,fsdp=4`` (HSDP: replicated over 2 groups of 4
 shards), ``fsdp=8,tp=8`` (2-D, 64 ranks). ``auto:N`` asks archscan to search the meshes of N GPUs.
 Pure Python: no torch.
 """
@@ -28,6 +28,7 @@ class ParallelSpec:
     fsdp: int = 1
     tp: int = 1
     zero2: bool = False  # FSDP keeps parameters unsharded between forward and backward
+    bucket_mb: float = 25.0  # DDP's bucket_cap_mb
     auto: int = 0        # search the meshes of this many GPUs
 
     @classmethod
@@ -42,7 +43,7 @@ class ParallelSpec:
                 raise ArchscanError(f"--parallel {text!r}: auto needs a number of GPUs", hint="e.g. auto:64")
             return cls(auto=int(count))
         seen: dict[str, int] = {}
-        zero2 = False
+        zero2, bucket_mb = False, 25.0
         for part in words.split(","):
             name, eq, value = part.strip().partition("=")
             value, _, flag = value.partition(":")
@@ -54,9 +55,16 @@ class ParallelSpec:
             if not value.isdigit() or int(value) < 1:
                 raise ArchscanError(f"--parallel {text!r}: {name} needs a whole number of ranks ≥ 1, not {value!r}",
                                     hint=HINT)
-            if flag and (name != "fsdp" or flag != "zero2"):
+            if flag and name == "ddp" and flag.startswith("bucket="):
+                try:
+                    bucket_mb = float(flag.removeprefix("bucket="))
+                except ValueError:
+                    bucket_mb = 0.0
+                if not bucket_mb > 0:
+                    raise ArchscanError(f"--parallel {text!r}: ddp's bucket needs a size in MiB > 0", hint="e.g. ddp=8:bucket=50")
+            elif flag and (name != "fsdp" or flag != "zero2"):
                 raise ArchscanError(f"--parallel {text!r}: unknown option {flag!r} for {name}",
-                                    hint="only fsdp=N:zero2 takes an option")
+                                    hint="fsdp=N:zero2 and ddp=N:bucket=MiB are the options")
             zero2 |= flag == "zero2"
             seen[name] = int(value)
         if "ddp" in seen and ("fsdp" in seen or "dp" in seen):
@@ -73,7 +81,7 @@ class ParallelSpec:
         if order != expected:
             raise ArchscanError(f"--parallel {text!r}: name the mesh outermost first ({','.join(expected)})",
                                 hint="data parallelism spans nodes, tensor parallelism stays inside one")
-        return cls(**seen, zero2=zero2)
+        return cls(**seen, zero2=zero2, bucket_mb=bucket_mb)
 
     @property
     def world_size(self) -> int:
@@ -92,7 +100,8 @@ class ParallelSpec:
     def __str__(self) -> str:
         if self.auto:
             return f"auto:{self.auto}"
-        return ",".join(f"{k}={v}{':zero2' if k == 'fsdp' and self.zero2 else ''}" for k, v in self.mesh.items())
+        flags = {"fsdp": ":zero2" if self.zero2 else "", "ddp": f":bucket={self.bucket_mb:g}" if self.bucket_mb != 25 else ""}
+        return ",".join(f"{k}={v}{flags.get(k, '')}" for k, v in self.mesh.items())
 
     def to_json(self) -> dict:
         return {"spec": str(self), "mesh": self.mesh, "world_size": self.world_size,

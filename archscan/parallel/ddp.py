@@ -1,0 +1,87 @@
+"""DistributedDataParallel, modelled on one device's step: DDP's reducer is C++ and does not run
+on fake tensors, so its memory and collectives are added to the single-device step.
+
+- **Buckets**: when the model is wrapped, the reducer allocates one flat gradient buffer per
+  bucket, for the whole run: together as many bytes as the trainable parameters (per dtype).
+  ``gradient_as_bucket_view=False`` (the default) keeps each ``.grad`` a tensor of its own, so
+  the step's gradients stay as they are and the buckets come on top (``ddp_buckets``).
+- **Collectives**: one all-reduce per bucket in the backward. After the first iteration the
+  reducer rebuilds its buckets in the order the gradients became ready, the first capped at
+  ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) and the rest at ``bucket_cap_mb`` (25 MiB), each
+  closed once it reaches its cap; ``dist._compute_bucket_assignment_by_size`` (torch's own
+  function) assigns them here on the gradients in the order the step made them. Each forward
+  also broadcasts the module's buffers from rank 0 (``broadcast_buffers=True``), coalesced in
+  250 MiB chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..load.building import make_call
+from ..load.targets import InputSpec, ModelTarget
+from ..memory import summary
+from ..memory.train import TrainOptions, _analysed_step, _costs, _restored, check_trainable, fake_model
+from .spec import ParallelSpec
+from .step import ParallelTracker, collective_rows
+
+BROADCAST_BUCKET_BYTES = 250 * 2**20  # DDP's broadcast_bucket_size for buffers
+
+
+def bucket_bytes(params: Sequence[torch.Tensor], cap_mb: float) -> list[int]:
+    """The bytes of each bucket of ``params`` (in the order their gradients become ready), as the
+    reducer rebuilds them: the first capped at 1 MiB, the rest at ``cap_mb``."""
+    import torch.distributed as dist
+
+    caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap_mb * 2**20)]
+    buckets, _ = dist._compute_bucket_assignment_by_size(list(params), caps)
+    return [sum(params[i].numel() * params[i].element_size() for i in bucket) for bucket in buckets]
+
+
+def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOptions, spec: ParallelSpec,
+             kwargs: dict | None = None, dtype: torch.dtype | None = None) -> dict:
+    """Rank 0's step under DDP: the single-device step with the buckets, and DDP's collectives."""
+    check_trainable(target)
+    model = fake_model(target, specs, kwargs, dtype)
+    fake_mode: FakeTensorMode = next(t.fake_mode for t in model.parameters())
+    trainable = [p for p in model.parameters() if p.requires_grad and not _frozen(p, model, options)]
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in trainable:
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    with fake_mode:
+        buckets = [torch.empty(n, dtype=d) for d, n in by_dtype.items()]  # one flat buffer per dtype: the same bytes
+    tracker = ParallelTracker()
+    tracker.register(buckets, "ddp_buckets")
+    ready: list[torch.Tensor] = []  # the parameters in the order their gradients were accumulated (DDP's hooks fire so)
+    hooks = [p.register_post_accumulate_grad_hook(ready.append) for p in trainable]
+    try:
+        with _restored(model):
+            tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
+                                            "on fake tensors", tracker=tracker)
+    finally:
+        for h in hooks:
+            h.remove()
+    for size in bucket_bytes(ready, spec.bucket_mb):
+        tracker.collectives.append(("all_reduce", "ddp.allreduce (bucket)", "backward", "", spec.ddp, size, size,
+                                    str(ready[0].dtype).removeprefix("torch.")))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    while buffers > 0:
+        chunk = min(buffers, BROADCAST_BUCKET_BYTES)
+        tracker.collectives.append(("broadcast", "ddp.broadcast (buffers)", "forward", "", spec.ddp, chunk, chunk, "mixed"))
+        buffers -= chunk
+    costs = _costs(tracker, grad_keys=tracker.serials_of(grads))
+    del buckets
+    return {"plan": f"DDP, buckets of {spec.bucket_mb:g} MiB (the first of 1 MiB), modelled on one device's step",
+            "rank": 0, "ranks_alike": True, "worst_rank": 0, "memory": summary(tracker),
+            "collectives": collective_rows(tracker.collectives),
+            "phases": costs["phases"], "uncounted": costs["uncounted"], "op_classes": costs["op_classes"]}
+
+
+def _frozen(p: nn.Parameter, model: nn.Module, options: TrainOptions) -> bool:
+    """Is ``p`` frozen by ``--freeze`` (the step freezes it only later, inside itself)?"""
+    names = [n for n, q in model.named_parameters() if q is p]
+    return any(n == f or n.startswith(f.rstrip(".") + ".") for n in names for f in options.freeze)
