@@ -67,11 +67,12 @@ def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOpti
             h.remove()
     for size in bucket_bytes(ready, spec.bucket_mb):
         tracker.collectives.append(("all_reduce", "ddp.allreduce (bucket)", "backward", "", spec.ddp, size, size,
-                                    str(ready[0].dtype).removeprefix("torch.")))
+                                    str(ready[0].dtype).removeprefix("torch."), "ddp"))
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     while buffers > 0:
         chunk = min(buffers, BROADCAST_BUCKET_BYTES)
-        tracker.collectives.append(("broadcast", "ddp.broadcast (buffers)", "forward", "", spec.ddp, chunk, chunk, "mixed"))
+        tracker.collectives.append(("broadcast", "ddp.broadcast (buffers)", "forward", "", spec.ddp, chunk, chunk, "mixed",
+                                    "ddp"))
         buffers -= chunk
     costs = _costs(tracker, grad_keys=tracker.serials_of(grads))
     del buckets

@@ -36,7 +36,7 @@ from ..memory.train import TrainOptions, _analysed_step, _costs, _restored, _Ste
 from ..memory.tracker import CATEGORIES
 from .plans import parallelize
 from .spec import ParallelSpec
-from .world import fake_world, group_size, named_group_size
+from .world import fake_world, group_of, mesh_groups
 
 # bytes FSDP2 holds beyond the sharded parameters: parameters all-gathered for a block's forward
 # and backward, and the flat buffers its collectives read and write
@@ -59,13 +59,15 @@ _FUNCTIONAL = {
 
 class ParallelTracker(_StepTracker):
     """The training step's tracker, with FSDP2's buffers filed in categories of their own and
-    every collective recorded: (kind, op, phase, module, group size, send bytes, receive bytes, dtype)."""
+    every collective recorded: (kind, op, phase, module, group size, send bytes, receive bytes, dtype,
+    mesh dimension)."""
 
     def __init__(self):
         super().__init__()
         self.categories = PARALLEL_CATEGORIES
         self.resize_category = "unsharded_params"
         self.collectives: list[tuple] = []
+        self.group_dims: dict[str, str] = {}  # process group name -> mesh dimension (``world.mesh_groups``)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -82,20 +84,22 @@ class ParallelTracker(_StepTracker):
                 return out
             kind, send_at, recv_at = _C10D[name]
             send, recv = _first_tensor(args[send_at]), _first_tensor(args[recv_at])
-            size = next((s for s in (group_size(a) for a in args if isinstance(a, torch.ScriptObject)) if s), None)
+            size, group = next((g for g in (group_of(a) for a in args if isinstance(a, torch.ScriptObject)) if g[0]),
+                               (None, None))
             self._label(kind, send, recv)
         else:
             if name not in _FUNCTIONAL:  # wait_tensor, ...
                 return out
             kind = _FUNCTIONAL[name]
             send, recv = args[0], out
-            size = named_group_size(args[-1]) if isinstance(args[-1], str) else None
+            size, group = group_of(args[-1]) if isinstance(args[-1], str) else (None, None)
         if send is None or recv is None:
             return out
         if size is None:
             size = max(recv.numel() // max(send.numel(), 1), send.numel() // max(recv.numel(), 1))
         self.collectives.append((kind, f"{func.namespace}.{name}", self.phase, self.where if isinstance(self.where, str) else "",
-                                 size, _bytes(send), _bytes(recv), str(send.dtype).removeprefix("torch.")))
+                                 size, _bytes(send), _bytes(recv), str(send.dtype).removeprefix("torch."),
+                                 self.group_dims.get(group, "world")))
         return out
 
     def _label(self, kind: str, send: torch.Tensor, recv: torch.Tensor) -> None:
@@ -186,6 +190,7 @@ def parallel_step(target: ModelTarget, specs: Sequence[InputSpec], options: Trai
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model, applied = build_parallel(target, specs, spec, mesh, kwargs, dtype, user_plan, plan_name, fake_mode)
         tracker = ParallelTracker()
+        tracker.group_dims = mesh_groups(mesh)
         with _restored(model):
             tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
                                             "on fake tensors", tracker=tracker, runtime=distributed_runtime)
@@ -202,10 +207,10 @@ def collective_rows(collectives: list[tuple]) -> list[dict]:
     """The collectives grouped by (kind, op, phase, group size, shapes): count and bytes per rank.
     ``send_bytes``/``recv_bytes``: one call's buffers on this rank (an all-gather's input and output)."""
     rows: dict[tuple, dict] = {}
-    for kind, op, phase, module, size, send, recv, dtype in collectives:
-        key = (kind, op, phase, size, send, recv, dtype)
-        row = rows.setdefault(key, {"kind": kind, "op": op, "phase": phase, "group_size": size, "dtype": dtype,
-                                    "send_bytes": send, "recv_bytes": recv, "count": 0, "modules": []})
+    for kind, op, phase, module, size, send, recv, dtype, dim in collectives:
+        key = (kind, op, phase, size, send, recv, dtype, dim)
+        row = rows.setdefault(key, {"kind": kind, "op": op, "phase": phase, "mesh_dim": dim, "group_size": size,
+                                    "dtype": dtype, "send_bytes": send, "recv_bytes": recv, "count": 0, "modules": []})
         row["count"] += 1
         if module and module not in row["modules"] and len(row["modules"]) < 4:
             row["modules"].append(module)

@@ -39,21 +39,23 @@ def fake_world(spec: ParallelSpec, rank: int = 0) -> Iterator:
         dist.destroy_process_group()
 
 
-def group_size(pg) -> int | None:
-    """The size of a process group handed to a c10d op (a boxed ``ScriptObject``), or None."""
+def group_of(pg) -> tuple[int | None, str | None]:
+    """(size, name) of the process group a collective names: a c10d op's boxed ``ScriptObject``
+    or a functional collective's group name; (None, None) where it cannot be read."""
     try:
-        return dist.ProcessGroup.unbox(pg).size()
+        if isinstance(pg, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            group = _resolve_process_group(pg)
+        else:
+            group = dist.ProcessGroup.unbox(pg)
+        return group.size(), group.group_name
     except Exception:
-        return None
+        return None, None
 
 
-def named_group_size(name: str) -> int | None:
-    """The size of the process group a functional collective names, or None."""
-    try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-        return _resolve_process_group(name).size()
-    except Exception:
-        return None
+def mesh_groups(mesh) -> dict[str, str]:
+    """Process group name -> the mesh dimension it runs along."""
+    return {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
 
 
 def cpu_world_ok() -> bool:
