@@ -23,6 +23,7 @@ from .load.building import with_build
 from .load.targets import InputLike, check_kwargs, input_specs, model_dtype, to_target
 from .memory.gpu import CPU, Execution, execution_for, executing, limited, of_device, of_gpu
 from .memory.train import TrainOptions, check_trainable, train_step
+from .parallel import ParallelSpec
 from .measure import DeviceProfile, MeasureOptions, apply_predictions, cached_profile, check_options, measure_report, resolve_device
 from .measure.predict import with_training_time
 from .recommend import recommend as _recommend
@@ -39,7 +40,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          recommend: bool = True, train: TrainOptions | bool | None = None,
          memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None,
          decode_on: Sequence[DeviceProfile] = (), allow_pickle: bool = False,
-         execution: str | None = None) -> Report:
+         execution: str | None = None, parallel: "str | ParallelSpec | None" = None,
+         plan: str | Callable | None = None, interconnect: str | None = None) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Safe to call from several threads: calls take turns on one process-wide lock, and the
@@ -83,6 +85,16 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         execution: whose kernels the memory is counted for: 'cpu' or a GPU's name ('h100'); None
             chooses from the question: a GPU measured on or predicted on (``profile``), or a GPU
             named as the budget (``memory='h100'``), else the CPU (``archscan.memory.gpu``).
+        parallel: with ``train``, the step spread over a mesh of GPUs (``'fsdp=8'``, ``'fsdp=8,tp=8'``,
+            ``'dp=2,fsdp=4'``, ``'ddp=4'``, ``'tp=4'``; ``'auto:64'`` searches the meshes of 64 GPUs that
+            fit ``memory``): ``inputs`` are one rank's micro-batch; ``report.parallel`` holds rank 0's
+            peak and its breakdown, the collectives, and with a GPU (``profile`` or ``memory``) the
+            step's time; with ``memory`` the largest micro-batch per rank (``archscan.parallel``).
+            The single-device step is not analysed then.
+        plan: with ``parallel``, the user's parallelize function (or ``'file.py:function'``), called
+            as ``function(model, mesh)`` on the meta device, doing all of the sharding itself.
+        interconnect: with ``parallel``, the interconnect collectives are timed on
+            (``archscan.parallel.comm.INTERCONNECTS``); default: the GPU's own NVLink node.
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -107,11 +119,12 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
         check_decode(specs, decode)
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
+    spread = _parallel(parallel, plan, interconnect, train, what_ifs, decode, budget)
     runs_as = _execution(execution, profile, memory, options)
     try:
         with seeded_rng(), collector_paused(), executing(runs_as):
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
-                           recommend, train, budget, what_ifs, decode, decode_on)
+                           recommend, train, budget, what_ifs, decode, decode_on, spread)
             return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
@@ -176,6 +189,40 @@ def _execution(name: str | None, profile, memory, options: MeasureOptions | None
     if isinstance(memory, str) and gpu(memory) is not None:
         return of_gpu(gpu(memory))
     return CPU
+
+
+def _parallel(parallel, plan, interconnect, train, what_ifs: bool, decode, budget) -> dict | None:
+    """``--parallel``, ``--plan`` and ``--interconnect`` checked and resolved before any analysis:
+    {spec, plan, plan_name, interconnect} or None."""
+    if parallel is None:
+        for flag, given in (("--plan (plan=)", plan), ("--interconnect (interconnect=)", interconnect)):
+            if given is not None:
+                raise ArchscanError(f"{flag} only applies to a parallel step", hint="add --parallel SPEC (parallel=)")
+        return None
+    from .parallel import ParallelSpec, interconnect_of
+    from .parallel.step import check_parallel_options
+
+    spec = parallel if isinstance(parallel, ParallelSpec) else ParallelSpec.parse(str(parallel))
+    check_parallel_options(spec, train is not None)
+    if spec.auto and budget is None:
+        raise ArchscanError("--parallel auto:N searches the meshes that fit a memory budget",
+                            hint="add --memory with a GPU or a size (e.g. --memory h100)")
+    if what_ifs or decode is not None:
+        raise ArchscanError("--parallel analyses one training step: without --what-if and --decode",
+                            hint="run those in a scan of their own")
+    function, plan_name = plan, None
+    if isinstance(plan, str):
+        from .load.targets import resolve_target
+
+        found = resolve_target(plan)
+        if found.factory is None:
+            raise ArchscanError(f"--plan {plan} is not a function", hint="give file.py:function, function(model, mesh) -> model")
+        function, plan_name = found.factory, plan
+    if function is not None and spec.auto:
+        raise ArchscanError("--plan with --parallel auto:N: the search applies archscan's own plans",
+                            hint="give a mesh (fsdp=8,tp=8) with --plan")
+    return {"spec": spec, "plan": function, "plan_name": plan_name,
+            "interconnect": interconnect_of(None, interconnect) if interconnect is not None else None}
 
 
 def _budget(memory: str | int | None, specs) -> "Budget | None":
@@ -275,9 +322,10 @@ def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dty
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
           train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None,
-          decode_on: Sequence[DeviceProfile] = ()) -> Report:
+          decode_on: Sequence[DeviceProfile] = (), spread: dict | None = None) -> Report:
     target = with_build(target, kwargs, specs)  # one build: every stage below copies it
-    budget_model = _budget_model(target, specs, kwargs, dtype, budget) if budget is not None or what_ifs else None
+    budget_model = (_budget_model(target, specs, kwargs, dtype, budget)
+                    if (budget is not None and spread is None) or what_ifs else None)
     observers = ()
     if advise:  # the prune recommendations' channel groups, found in the capture's own run
         from .prune.groups import ChannelLabels
@@ -295,10 +343,13 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         exc.report = _advise(_measure_and_predict(report, target, specs, kwargs, dtype, None, profile)[0],
                              selected, None, advise, build)
         raise
-    if train is not None:
+    if spread is not None:
+        report = dataclasses.replace(report, parallel=_parallel_section(target, specs, kwargs, dtype, train, spread,
+                                                                        profile, budget))
+    elif train is not None:
         report = dataclasses.replace(report, training_step=with_training_time(train_step(target, specs, train, kwargs, dtype),
                                                                               profile))
-    if budget is not None or what_ifs:
+    if (budget is not None and spread is None) or what_ifs:
         report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
     if decode is not None:
         from .llm.decode import decode_step
@@ -309,6 +360,28 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
         report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
+
+
+def _parallel_section(target, specs, kwargs, dtype, train: TrainOptions, spread: dict, profile, budget) -> dict:
+    """``report.parallel``: the step over the mesh, timed on the GPU of ``profile`` or of the
+    execution model, the budget counted as the execution model counts it."""
+    from .devices.gpus import gpu as named_gpu
+    from .measure.gpu import gpu_of
+    from .memory import budget as mb
+    from .memory.gpu import current
+    from .parallel import analyse
+
+    gpu = gpu_of(profile) if profile else None
+    if gpu is None and current().is_gpu:
+        found = named_gpu(current().name)
+        gpu = found if found is not None and found.bf16_tflops is not None else None
+    limit = None
+    if budget is not None:
+        budget, limit, _ = mb.on_execution(budget)
+    with limited(limit):
+        return analyse(target, specs, train, spread["spec"], kwargs=kwargs, dtype=dtype, plan=spread["plan"],
+                       plan_name=spread["plan_name"], gpu=gpu, interconnect=spread["interconnect"], budget=budget,
+                       limit=limit)
 
 
 def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Report:

@@ -50,6 +50,9 @@ def scan_cmd(
     decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens (e.g. 1,1:int64) after a KV cache of this many tokens: prefill and decode phases, KV bytes, tokens/s with a profile (--device-profile h100)")] = None,
     what_if: Annotated[bool, typer.Option("--what-if", help="with --train: the step re-analysed with one change each (bf16, optimizer implementations, set_to_none=False, a frozen half, gradient accumulation, in-place)")] = False,
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
+    parallel: Annotated[Optional[str], typer.Option("--parallel", help="with --train: the step over a mesh of GPUs, as torch.distributed runs it on fake tensors: fsdp=8, fsdp=8:zero2, dp=2,fsdp=4 (HSDP), tp=8, fsdp=8,tp=8, ddp=8; auto:N with --memory searches the meshes of N GPUs; --input is one rank's micro-batch")] = None,
+    plan: Annotated[Optional[str], typer.Option("--plan", help="with --parallel: your parallelize function, file.py:function, called as function(model, mesh) on the meta device")] = None,
+    interconnect: Annotated[Optional[str], typer.Option("--interconnect", help="with --parallel: the interconnect collectives are timed on (h100-nvlink, a100-nvlink, b200-nvlink, gb200-nvl72, h100-roce, ...); default: the GPU's own")] = None,
     channels_last: Annotated[bool, typer.Option("--channels-last", help="with --measure: measure in channels_last memory format")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="CPU threads when measuring on the CPU (and whose CPU profile predicts latency)")] = None,
     device_profile: Annotated[Optional[str], typer.Option("--device-profile", help="predict latency on a named GPU from its datasheet, without the GPU: h100, h100-pcie, h200, b200, a100, a100-40gb, l40s, l4")] = None,
@@ -71,7 +74,15 @@ def scan_cmd(
     if needs_measure and not measure:
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure (or --train for --amp)")
     needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze),
-                                            ("--memory-snapshot", memory_snapshot), ("--what-if", what_if)) if given]
+                                            ("--memory-snapshot", memory_snapshot), ("--what-if", what_if),
+                                            ("--parallel", parallel)) if given is not None and given is not False]
+    needs_parallel = [flag for flag, given in (("--plan", plan), ("--interconnect", interconnect)) if given is not None]
+    if needs_parallel and parallel is None:
+        raise ArchscanError(f"{', '.join(needs_parallel)} only applies to a parallel step", hint="add --parallel SPEC")
+    if parallel is not None:
+        from .parallel.spec import ParallelSpec
+
+        ParallelSpec.parse(parallel)  # an unreadable spec costs no analysis
     if needs_train and not train:
         raise ArchscanError(f"{', '.join(needs_train)} only applies to a training step", hint="add --train")
     if train and measure and amp:
@@ -127,7 +138,8 @@ def scan_cmd(
             report, device_error = scan(target, specs, kwargs=constructor_kwargs, dtype=model_dtype,
                                         capture_method=capture, name=model, rules=selected, measure=options,
                                         profile=profile, train=training, memory=memory,
-                                        what_ifs=what_if, decode=decode,
+                                        what_ifs=what_if, decode=decode, parallel=parallel, plan=plan,
+                                        interconnect=interconnect,
                                         execution=gpu if gpu is not None else str(where) if where is not None else None), None
         except DeviceError as exc:
             if exc.report is None:

@@ -162,6 +162,7 @@ class Report:
     training_step: dict | None = None       # --train: the step's phases, their costs and its memory
     phases: dict | None = None              # --decode: the prefill and one decode step (archscan.llm.decode)
     kv_cache: dict | None = None            # --decode: the traced cache's bytes
+    parallel: dict | None = None            # --parallel: one rank's step over a mesh (archscan.parallel)
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -206,6 +207,8 @@ class Report:
             out["training"] = self.training_step
         if self.phases is not None:
             out["phases"], out["kv_cache"] = self.phases, self.kv_cache
+        if self.parallel is not None:
+            out["parallel"] = self.parallel
         return out
 
 

@@ -6,9 +6,9 @@ on fake tensors, so its memory and collectives are added to the single-device st
   ``gradient_as_bucket_view=False`` (the default) keeps each ``.grad`` a tensor of its own, so
   the step's gradients stay as they are and the buckets come on top (``ddp_buckets``).
 - **Collectives**: one all-reduce per bucket in the backward. After the first iteration the
-  reducer rebuilds its buckets in the order the gradients became ready, the first capped at
-  ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) and the rest at ``bucket_cap_mb`` (25 MiB), each
-  closed once it reaches its cap; ``dist._compute_bucket_assignment_by_size`` (torch's own
+  reducer rebuilds its buckets in the order the gradients became ready, each closed once it
+  reaches its cap: ``bucket_cap_mb``, or by default 25 MiB after a first bucket of
+  ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB); ``dist._compute_bucket_assignment_by_size`` (torch's own
   function) assigns them here on the gradients in the order the step made them. Each forward
   also broadcasts the module's buffers from rank 0 (``broadcast_buffers=True``), coalesced in
   250 MiB chunks.
@@ -32,12 +32,14 @@ from .step import ParallelTracker, collective_rows
 BROADCAST_BUCKET_BYTES = 250 * 2**20  # DDP's broadcast_bucket_size for buffers
 
 
-def bucket_bytes(params: Sequence[torch.Tensor], cap_mb: float) -> list[int]:
+def bucket_bytes(params: Sequence[torch.Tensor], cap_mb: float | None) -> list[int]:
     """The bytes of each bucket of ``params`` (in the order their gradients become ready), as the
-    reducer rebuilds them: the first capped at 1 MiB, the rest at ``cap_mb``."""
+    reducer rebuilds them: with DDP's default cap (``cap_mb`` None) the first capped at 1 MiB and
+    the rest at 25 MiB; with a cap given, every bucket at it."""
     import torch.distributed as dist
 
-    caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap_mb * 2**20)]
+    cap = int((cap_mb if cap_mb is not None else 25) * 2**20)
+    caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, cap] if cap_mb is None else [cap]
     buckets, _ = dist._compute_bucket_assignment_by_size(list(params), caps)
     return [sum(params[i].numel() * params[i].element_size() for i in bucket) for bucket in buckets]
 
@@ -76,7 +78,8 @@ def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOpti
         buffers -= chunk
     costs = _costs(tracker, grad_keys=tracker.serials_of(grads))
     del buckets
-    return {"plan": f"DDP, buckets of {spec.bucket_mb:g} MiB (the first of 1 MiB), modelled on one device's step",
+    buckets_said = "buckets of 25 MiB (the first of 1 MiB)" if spec.bucket_mb is None else f"buckets of {spec.bucket_mb:g} MiB"
+    return {"plan": f"DDP, {buckets_said}, modelled on one device's step",
             "rank": 0, "ranks_alike": True, "worst_rank": 0, "memory": summary(tracker),
             "collectives": collective_rows(tracker.collectives),
             "phases": costs["phases"], "uncounted": costs["uncounted"], "op_classes": costs["op_classes"]}

@@ -28,7 +28,7 @@ class ParallelSpec:
     fsdp: int = 1
     tp: int = 1
     zero2: bool = False  # FSDP keeps parameters unsharded between forward and backward
-    bucket_mb: float = 25.0  # DDP's bucket_cap_mb
+    bucket_mb: float | None = None  # DDP's bucket_cap_mb (None: its default, 25 MiB after a first bucket of 1 MiB)
     auto: int = 0        # search the meshes of this many GPUs
 
     @classmethod
@@ -43,7 +43,7 @@ class ParallelSpec:
                 raise ArchscanError(f"--parallel {text!r}: auto needs a number of GPUs", hint="e.g. auto:64")
             return cls(auto=int(count))
         seen: dict[str, int] = {}
-        zero2, bucket_mb = False, 25.0
+        zero2, bucket_mb = False, None
         for part in words.split(","):
             name, eq, value = part.strip().partition("=")
             value, _, flag = value.partition(":")
@@ -100,7 +100,7 @@ class ParallelSpec:
     def __str__(self) -> str:
         if self.auto:
             return f"auto:{self.auto}"
-        flags = {"fsdp": ":zero2" if self.zero2 else "", "ddp": f":bucket={self.bucket_mb:g}" if self.bucket_mb != 25 else ""}
+        flags = {"fsdp": ":zero2" if self.zero2 else "", "ddp": f":bucket={self.bucket_mb:g}" if self.bucket_mb is not None else ""}
         return ",".join(f"{k}={v}{flags.get(k, '')}" for k, v in self.mesh.items())
 
     def to_json(self) -> dict:

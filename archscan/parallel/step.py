@@ -203,14 +203,27 @@ def parallel_step(target: ModelTarget, specs: Sequence[InputSpec], options: Trai
             "phases": costs["phases"], "uncounted": costs["uncounted"], "op_classes": costs["op_classes"]}
 
 
+def wire_bytes(kind: str, send: int, recv: int, group: int) -> int:
+    """Bytes one rank sends (and receives) for one call under NCCL's ring algorithm: (n−1)/n of the
+    whole for an all-gather (its output), a reduce-scatter (its input) or an all-to-all; 2(n−1)/n of
+    the buffer for an all-reduce; the buffer once for a broadcast (nccl-tests' bus bytes)."""
+    if group <= 1:
+        return 0
+    whole = {"all_gather": recv, "reduce_scatter": send}.get(kind, send)
+    factor = {"all_reduce": 2 * (group - 1) / group, "broadcast": 1.0}.get(kind, (group - 1) / group)
+    return round(whole * factor)
+
+
 def collective_rows(collectives: list[tuple]) -> list[dict]:
     """The collectives grouped by (kind, op, phase, group size, shapes): count and bytes per rank.
-    ``send_bytes``/``recv_bytes``: one call's buffers on this rank (an all-gather's input and output)."""
+    ``send_bytes``/``recv_bytes``: one call's buffers on this rank (an all-gather's input and
+    output); ``wire_bytes``: what one call sends over this rank's link (``wire_bytes``)."""
     rows: dict[tuple, dict] = {}
     for kind, op, phase, module, size, send, recv, dtype, dim in collectives:
         key = (kind, op, phase, size, send, recv, dtype, dim)
         row = rows.setdefault(key, {"kind": kind, "op": op, "phase": phase, "mesh_dim": dim, "group_size": size,
-                                    "dtype": dtype, "send_bytes": send, "recv_bytes": recv, "count": 0, "modules": []})
+                                    "dtype": dtype, "send_bytes": send, "recv_bytes": recv,
+                                    "wire_bytes": wire_bytes(kind, send, recv, size), "count": 0, "modules": []})
         row["count"] += 1
         if module and module not in row["modules"] and len(row["modules"]) < 4:
             row["modules"].append(module)

@@ -151,6 +151,10 @@ def memory_lines(report: Report) -> list[str]:
         saved = list(step.get("saved_for_backward", {}).items())[:3]
         if saved:
             lines.append("saved      for backward, most by: " + ", ".join(f"{m or '(model)'} {fmt_bytes(b)}" for m, b in saved))
+    if report.parallel:
+        from .parallel import parallel_lines
+
+        lines += parallel_lines(report.parallel, _memory_line)
     return lines + budget_lines(report.memory or {}) + decode_lines(report)
 
 

@@ -1,0 +1,107 @@
+"""The per-rank memory oracle of a parallel step: one process, torch.distributed's fake process
+group, *real* tensors, the CPU allocator profiled as ``memory_oracle`` does.
+
+The model is built and parallelized as archscan builds it (``build_parallel``: the same plan on
+the meta device), then materialised on real CPU tensors with random weights, and stepped twice as
+``memory_oracle.training_step`` steps a model: the first step makes the optimizer state and FSDP2's
+buffers, the second is profiled. Its peak is every allocation event of the first profile summed
+(what was live before the second step: weights, inputs, optimizer state) plus the second's
+highest running sum. The fake group moves no data, which changes no allocation: on this
+machine a real 4-rank gloo run gave every rank the same peak to the byte (``tests/parallel_gloo.py``).
+
+DDP's reducer is C++ and does run on real tensors here; the fake group's all-reduce returns no
+future value, so a comm hook answers with the bucket itself, as an in-place all-reduce leaves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import torch
+import torch.utils._pytree as pytree
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+
+from archscan.load.building import build_real, make_call
+from archscan.parallel.spec import ParallelSpec
+from archscan.parallel.step import build_parallel
+from archscan.parallel.world import fake_world
+from memory_oracle import _allocations_peak_and_end, training_step
+
+
+@contextlib.contextmanager
+def _profiled():
+    """The CPU allocator's events, with Python's garbage collector held off: a collection inside
+    would free an earlier test's tensors and count their bytes as this step's frees."""
+    gc.collect()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            yield prof
+    finally:
+        gc.enable()
+
+
+def _init(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.normal_(0, 0.02)
+
+
+def rank_peak(target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw") -> tuple[int, list]:
+    """(rank 0's peak bytes in a steady training step under ``spec``, the collectives' calls of
+    that step: (op name, bytes of its first tensor argument))."""
+    calls: list = []
+    with fake_world(spec) as mesh:
+        torch.manual_seed(0)
+        with _profiled() as first:
+            inputs = make_call(specs, None).tensors()
+            if spec.ddp > 1:
+                from torch.nn.parallel import DistributedDataParallel
+
+                model = build_real(target, kwargs or {}, None, specs)
+                model.train()
+                model = DistributedDataParallel(model, **({"bucket_cap_mb": spec.bucket_mb} if spec.bucket_mb else {}))
+
+                def answer(state, bucket):
+                    buffer = bucket.buffer()
+                    calls.append(("ddp.allreduce", buffer.numel() * buffer.element_size()))
+                    done = torch.futures.Future()
+                    done.set_result(bucket.buffer())
+                    return done
+
+                model.register_comm_hook(None, answer)
+            else:
+                model, _ = build_parallel(target, specs, spec, mesh, kwargs, None)
+                _init(model)
+            step, _, _ = training_step(model, inputs, optimizer)
+            step()
+        before = _allocations_peak_and_end(first)[1]
+        calls.clear()
+        with _profiled() as second, _Collectives(calls):
+            step()
+        return before + _allocations_peak_and_end(second)[0], calls
+
+
+COLLECTIVES = {"_allgather_base_", "_reduce_scatter_base_", "allreduce_", "broadcast_", "allgather_into_tensor_coalesced_",
+               "reduce_scatter_tensor_coalesced_", "all_reduce", "all_reduce_", "all_gather_into_tensor",
+               "reduce_scatter_tensor", "all_to_all_single", "broadcast"}
+
+
+class _Collectives(TorchDispatchMode):
+    """Records each collective of a real run: (op, bytes of its first tensor argument). A DTensor's
+    ops are let through to DTensor itself, whose collectives come back here."""
+
+    def __init__(self, calls: list):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if any(is_traceable_wrapper_subclass(a) for a in flat):
+            return NotImplemented
+        if func.namespace in ("c10d", "_c10d_functional") and func.overloadpacket.__name__ in COLLECTIVES:
+            self.calls.append((f"{func.namespace}.{func.overloadpacket.__name__}", flat[0].numel() * flat[0].element_size()))
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,236 @@
+"""The parallel step (archscan.parallel): per-rank peaks against one process with the fake process
+group and real tensors under the CPU allocator (tests/parallel_oracle.py), collectives against the
+ones that real run issues and against hand counts, the spec's words, the plans, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pytest
+import torch
+
+from archscan.errors import ArchscanError
+from archscan.load.targets import parse_input_spec, to_target
+from archscan.memory.train import TrainOptions
+from archscan.parallel import ParallelSpec, run
+from archscan.parallel.spec import meshes
+from archscan.parallel.step import wire_bytes
+from parallel_oracle import rank_peak
+from test_bad_input import one_error_line as _one_line, run as _run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MOE = os.path.join(HERE, "models", "moe.py") + ":MoEDecoder"
+LLAMA = {"vocab_size": 1000}  # llama_tiny with a small vocabulary: its blocks, not its embedding, dominate
+
+# (target, constructor kwargs, --parallel, one rank's micro-batch): FSDP2, zero2, HSDP, TP, FSDP × TP,
+# 3-D, DDP; a ResNet, a ViT, a Llama-like decoder, a mixture-of-experts decoder
+CASES = [
+    ("zoo:llama_tiny", LLAMA, "fsdp=8", "2,128:int64"),
+    ("zoo:llama_tiny", LLAMA, "fsdp=8:zero2", "2,128:int64"),
+    ("zoo:llama_tiny", LLAMA, "dp=2,fsdp=4", "2,128:int64"),
+    ("zoo:llama_tiny", LLAMA, "tp=4", "2,128:int64"),
+    ("zoo:llama_tiny", LLAMA, "fsdp=2,tp=4", "2,128:int64"),
+    ("zoo:llama_tiny", LLAMA, "dp=2,fsdp=2,tp=2", "2,64:int64"),
+    ("zoo:llama_tiny", LLAMA, "ddp=4", "2,128:int64"),
+    ("zoo:resnet18", None, "fsdp=4", "2,3,64,64"),
+    ("zoo:resnet18", None, "ddp=4:bucket=5", "2,3,64,64"),
+    ("zoo:vit_tiny", None, "fsdp=4", "2,3,224,224"),
+    ("zoo:vit_tiny", None, "ddp=2", "2,3,224,224"),
+    (MOE, None, "fsdp=4", "2,64:int64"),
+    (MOE, None, "dp=2,fsdp=2:zero2", "2,64:int64"),
+]
+
+
+def one_error_line(capsys, args: list[str], needle: str) -> None:
+    code, _, err = _run(capsys, *args)
+    line = _one_line(err)
+    assert code in (2, 3), (code, line)
+    assert needle in line, line
+
+
+def _section(target: str, kwargs, spec: str, shape: str, options: TrainOptions | None = None) -> dict:
+    return run(to_target(target), [parse_input_spec(shape)], options or TrainOptions(), ParallelSpec.parse(spec),
+               kwargs=kwargs)
+
+
+def _first_arg_bytes(row: dict) -> int:
+    """The bytes of a collective's first tensor argument, as the oracle records them: a c10d op's
+    output buffer comes first (all-gather, reduce-scatter; an all-reduce's one buffer), a functional
+    collective's input."""
+    return row["recv_bytes"] if row["op"].startswith("c10d.") else row["send_bytes"]
+
+
+@pytest.mark.parametrize("target,kwargs,spec,shape", CASES, ids=[f"{t.rsplit(':', 1)[-1]}-{s}" for t, _, s, _ in CASES])
+def test_rank_peak_and_collectives_match_a_real_run(target, kwargs, spec, shape):
+    section = _section(target, kwargs, spec, shape)
+    peak, calls = rank_peak(to_target(target), [parse_input_spec(shape)], ParallelSpec.parse(spec), kwargs)
+    # within 1% is the target; all but one configuration here are exact to the byte (FSDP2 × TP:
+    # 128 KiB, 0.8%, over at the backward's peak)
+    assert section["memory"]["peak_bytes"] == pytest.approx(peak, rel=0.01)
+    if "tp" not in spec or spec == "tp=4":
+        assert section["memory"]["peak_bytes"] == peak
+    ours = Counter()
+    for row in section["collectives"]:
+        if row["op"].startswith("ddp.broadcast"):
+            continue  # DDP's buffer broadcast runs in its forward, before the step the oracle sees: checked below
+        name = "ddp.allreduce" if row["op"].startswith("ddp.") else row["op"]
+        ours[(name, _first_arg_bytes(row))] += row["count"]
+    seen = Counter(c for c in calls if not c[0].startswith("c10d.broadcast"))
+    assert ours == seen
+    at = section["memory"]["at_peak"]
+    assert sum(at.values()) == section["memory"]["peak_bytes"]  # the breakdown adds up
+
+
+def test_fsdp_collectives_by_hand():
+    """FSDP2 at 8 ranks gathers every parameter in the forward and again in the backward, and
+    reduce-scatters every gradient once: 2 all-gathers and 1 reduce-scatter per block and the root."""
+    section = _section("zoo:llama_tiny", LLAMA, "fsdp=8", "2,128:int64")
+    params = sum(p.numel() for p in to_target("zoo:llama_tiny").build(LLAMA).parameters())
+    calls = Counter((r["kind"], r["phase"]) for r in section["collectives"] for _ in range(r["count"]))
+    assert calls == {("all_gather", "forward"): 5, ("all_gather", "backward"): 5, ("reduce_scatter", "backward"): 5}
+    gathered = sum(r["recv_bytes"] * r["count"] for r in section["collectives"] if r["kind"] == "all_gather")
+    # each of the 5 groups is padded to a multiple of 8 elements per rank: at most 8 × 8 fp32 elements each
+    assert 2 * 4 * params <= gathered <= 2 * 4 * (params + 5 * 64)
+    # the ring's wire bytes: 7/8 of what is gathered
+    assert sum(r["wire_bytes"] * r["count"] for r in section["collectives"] if r["kind"] == "all_gather") == \
+        pytest.approx(gathered * 7 / 8, abs=10)
+
+
+def test_tensor_parallel_reduces_each_projection_input_gradient():
+    """Tensor parallel with sequence parallelism: per block, the norms' outputs are all-gathered
+    before attention and the MLP (2) and the row-wise outputs reduce-scattered back (2), in the
+    forward; the backward mirrors both. The embedding reduce-scatters once, the head gathers once."""
+    section = _section("zoo:llama_tiny", LLAMA, "tp=4", "2,128:int64")
+    calls = Counter((r["kind"], r["phase"]) for r in section["collectives"] for _ in range(r["count"]))
+    layers = 4
+    assert calls[("all_gather", "forward")] == 2 * layers + 1
+    assert calls[("reduce_scatter", "forward")] == 2 * layers + 1
+    assert calls[("all_gather", "backward")] == calls[("reduce_scatter", "backward")] == 2 * layers + 1
+    # a norm's gathered activation: [2, 128, 256] fp32 gathered from 4 sequence shards
+    assert any(r["recv_bytes"] == 2 * 128 * 256 * 4 and r["send_bytes"] == 2 * 32 * 256 * 4 for r in section["collectives"])
+
+
+def test_ddp_buckets_are_the_gradients_bytes():
+    section = _section("zoo:resnet18", None, "ddp=4", "2,3,64,64")
+    weights = sum(p.numel() * 4 for p in to_target("zoo:resnet18").build({}).parameters())
+    at = section["memory"]["at_peak"]
+    assert at["ddp_buckets"] == weights
+    buckets = [r for r in section["collectives"] if r["op"].startswith("ddp.allreduce")]
+    assert sum(r["send_bytes"] * r["count"] for r in buckets) == weights
+    # the first bucket closes past 1 MiB; the others at 25 MiB
+    assert min(r["send_bytes"] for r in buckets) >= 2**20
+
+
+def test_fsdp_peak_breakdown_names_fsdp_buffers():
+    section = _section("zoo:llama_tiny", LLAMA, "fsdp=8", "2,128:int64")
+    at = section["memory"]["at_peak"]
+    assert at["unsharded_params"] > 0 and at["params"] > 0
+    assert section["ranks_alike"] is True
+    model = to_target("zoo:llama_tiny").build(LLAMA)
+    full = sum(p.numel() * 4 for p in model.parameters())
+    buffers = sum(b.numel() * 4 for b in model.buffers())  # RoPE's tables: every rank holds them whole
+    assert at["params"] == pytest.approx(full / 8 + buffers, rel=0.001)  # each rank holds its eighth (padded)
+
+
+def test_uneven_shards_say_rank_zero_is_the_worst():
+    section = _section("zoo:llama_tiny", {"vocab_size": 1001}, "fsdp=8", "1,32:int64")
+    assert section["ranks_alike"] is False and section["worst_rank"] == 0
+
+
+def test_wire_bytes_by_hand():
+    # ring all-gather of a 64 MiB output over 8 ranks: 7/8 of it
+    assert wire_bytes("all_gather", 8 << 20, 64 << 20, 8) == 7 * (8 << 20)
+    # ring all-reduce of 64 MiB over 4 ranks: 2 × 3/4
+    assert wire_bytes("all_reduce", 64 << 20, 64 << 20, 4) == 96 << 20
+    assert wire_bytes("reduce_scatter", 64 << 20, 8 << 20, 1) == 0
+
+
+@pytest.mark.parametrize("text,world,mesh", [
+    ("fsdp=8", 8, {"fsdp": 8}), ("fsdp=8,tp=8", 64, {"fsdp": 8, "tp": 8}), ("dp=2,fsdp=4", 8, {"dp": 2, "fsdp": 4}),
+    ("ddp=4:bucket=50", 4, {"ddp": 4}), ("tp=2", 2, {"tp": 2}), ("fsdp=4:zero2", 4, {"fsdp": 4}),
+])
+def test_spec_words(text, world, mesh):
+    spec = ParallelSpec.parse(text)
+    assert spec.world_size == world and spec.mesh == mesh and str(spec) == text
+
+
+def test_auto_meshes_cover_each_way_of_8_gpus():
+    found = {str(s) for s in meshes(8)}
+    assert {"fsdp=8", "fsdp=8:zero2", "ddp=8", "dp=2,fsdp=4", "fsdp=4,tp=2", "fsdp=2,tp=4", "tp=8"} <= found
+    assert all(s.world_size == 8 for s in meshes(8))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["zoo:llama_tiny", "--parallel", "fsdp=8"], "--parallel only applies to a training step"),
+    (["zoo:llama_tiny", "--train", "--parallel", "fsdp=0"], "whole number of ranks"),
+    (["zoo:llama_tiny", "--train", "--parallel", "tp=2,fsdp=4"], "outermost first"),
+    (["zoo:llama_tiny", "--train", "--parallel", "fsdp=4", "--interconnect", "tin-cans"], "unknown interconnect"),
+    (["zoo:llama_tiny", "--train", "--plan", "x.py:f"], "only applies to a parallel step"),
+    (["zoo:llama_tiny", "--input", "1,16:int64", "--train", "--parallel", "tp=3"], "does not divide the model's 8 attention heads"),
+    (["zoo:resnet18", "--input", "1,3,32,32", "--train", "--parallel", "tp=2"], "no tensor-parallel plan for ResNet"),
+    (["zoo:llama_tiny", "--input", "1,16:int64", "--train", "--parallel", "auto:8"], "searches the meshes that fit a memory budget"),
+])
+def test_bad_parallel_input_is_one_line(capsys, args, needle):
+    one_error_line(capsys, args, needle)
+
+
+def test_a_plan_that_raises_is_one_line(capsys, tmp_path):
+    plan = tmp_path / "plan.py"
+    plan.write_text("def broken(model, mesh):\n    raise ValueError('no such layer')\n")
+    one_error_line(capsys, ["zoo:llama_tiny", "--input", "1,16:int64", "--train", "--parallel", "fsdp=2",
+                            "--plan", f"{plan}:broken"], "raised ValueError: no such layer")
+
+
+def test_a_plan_that_leaves_a_parameter_unsharded_is_named(capsys, tmp_path):
+    plan = tmp_path / "plan.py"
+    plan.write_text("from torch.distributed.fsdp import fully_shard\n\n\n"
+                    "def layers_only(model, mesh):\n    for layer in model.layers:\n"
+                    "        fully_shard(layer, mesh=mesh['fsdp'])\n    return model\n")
+    one_error_line(capsys, ["zoo:llama_tiny", "--input", "1,16:int64", "--train", "--parallel", "fsdp=2",
+                            "--plan", f"{plan}:layers_only"], "leaves parameter tok_embeddings.weight")
+
+
+def test_a_users_plan_runs(capsys, tmp_path):
+    from archscan.cli import main
+
+    plan = tmp_path / "plan.py"
+    plan.write_text("from torch.distributed.fsdp import fully_shard\n\n\n"
+                    "def whole(model, mesh):\n    fully_shard(model, mesh=mesh['fsdp'])\n")
+    assert main(["zoo:llama_tiny", "--input", "1,16:int64", "--kwargs", "vocab_size=1000", "--train",
+                 "--parallel", "fsdp=2", "--plan", f"{plan}:whole", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["parallel"]
+    assert data["plan"] == f"user plan {plan}:whole"
+    # one FSDP group, the root, which FSDP2 does not reshard after the forward (the backward follows at
+    # once): one all-gather and one reduce-scatter
+    assert Counter(r["kind"] for r in data["collectives"] for _ in range(r["count"])) == {"all_gather": 1, "reduce_scatter": 1}
+
+
+def test_process_group_is_gone_after_a_step():
+    _section("zoo:llama_tiny", LLAMA, "fsdp=2", "1,16:int64")
+    assert not torch.distributed.is_initialized()
+
+
+def test_text_report_has_the_parallel_section(capsys):
+    from archscan.cli import main
+
+    assert main(["zoo:llama_tiny", "--input", "2,128:int64", "--kwargs", "vocab_size=1000", "--train",
+                 "--parallel", "fsdp=8"]) == 0
+    out = capsys.readouterr().out
+    assert "parallel   fsdp=8 (8 ranks, 8 data-parallel; micro-batch 2×128 per rank)" in out
+    assert "collective all_gather over fsdp (8) in the forward: ×5" in out
+
+
+def test_a_bad_spec_costs_no_analysis(capsys, monkeypatch):
+    import archscan.api
+
+    monkeypatch.setattr(archscan.api, "scan", lambda *a, **k: pytest.fail("analysed"))
+    one_error_line(capsys, ["zoo:llama_tiny", "--train", "--parallel", "fsdp=x"], "whole number")
+
+
+def test_library_refuses_parallel_without_train():
+    import archscan
+
+    with pytest.raises(ArchscanError, match="needs --train"):
+        archscan.scan("zoo:llama_tiny", "1,16:int64", parallel="fsdp=2")
