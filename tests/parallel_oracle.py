@@ -20,14 +20,17 @@ import gc
 
 import torch
 import torch.utils._pytree as pytree
+from memory_oracle import _allocations_peak_and_end, training_step
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+)
 
 from archscan.load.building import build_real, make_call
 from archscan.parallel.spec import ParallelSpec
 from archscan.parallel.step import build_parallel
 from archscan.parallel.world import fake_world
-from memory_oracle import _allocations_peak_and_end, training_step
 
 
 @contextlib.contextmanager

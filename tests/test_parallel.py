@@ -10,6 +10,9 @@ from collections import Counter
 
 import pytest
 import torch
+from parallel_oracle import rank_peak
+from test_bad_input import one_error_line as _one_line
+from test_bad_input import run as _run
 
 from archscan.errors import ArchscanError
 from archscan.load.targets import parse_input_spec, to_target
@@ -17,8 +20,6 @@ from archscan.memory.train import TrainOptions
 from archscan.parallel import ParallelSpec, run
 from archscan.parallel.spec import meshes
 from archscan.parallel.step import wire_bytes
-from parallel_oracle import rank_peak
-from test_bad_input import one_error_line as _one_line, run as _run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOE = os.path.join(HERE, "models", "moe.py") + ":MoEDecoder"

@@ -18,7 +18,7 @@ step and its time), ``search.py`` (``auto:N``).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .section import interconnect_of, run
 from .spec import ParallelSpec

@@ -16,16 +16,23 @@ on fake tensors, so its memory and collectives are added to the single-device st
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..load.building import make_call
 from ..load.targets import InputSpec, ModelTarget
 from ..memory import summary
-from ..memory.train import TrainOptions, _analysed_step, _costs, _restored, check_trainable, fake_model
+from ..memory.train import (
+    TrainOptions,
+    _analysed_step,
+    _costs,
+    _restored,
+    check_trainable,
+    fake_model,
+)
 from .spec import ParallelSpec
 from .step import ParallelTracker, collective_rows
 

@@ -19,9 +19,9 @@ is named (``check_sharded``).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-import torch.nn as nn
+from torch import nn
 
 from ..errors import ArchscanError, CaptureError
 from ..load.frames import short
@@ -67,8 +67,13 @@ def _divides(spec: ParallelSpec, what: str, count: int) -> None:
 def _llama(model: nn.Module, tp_mesh, spec: ParallelSpec) -> None:
     """archscan's zoo Llama (Meta's module names): torchtitan's plan for Llama."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     first = model.layers[0].attention
     _divides(spec, "attention heads", first.n_heads)
@@ -99,7 +104,11 @@ def _hf_decoder(model: nn.Module, tp_mesh, spec: ParallelSpec) -> None:
     {q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``): the plan of transformers' own ``base_model_tp_plan``
     (column-wise projections, row-wise outputs), without sequence parallelism."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     config = model.config
     _divides(spec, "attention heads", config.num_attention_heads)

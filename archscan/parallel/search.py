@@ -12,7 +12,7 @@ with the reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import ArchscanError
 from ..load.building import build_meta

@@ -32,7 +32,7 @@ class ParallelSpec:
     auto: int = 0        # search the meshes of this many GPUs
 
     @classmethod
-    def parse(cls, text: str) -> "ParallelSpec":
+    def parse(cls, text: str) -> ParallelSpec:
         """``fsdp=8,tp=8`` → ParallelSpec(fsdp=8, tp=8); one clear error for anything else."""
         words = (text or "").strip()
         if not words:

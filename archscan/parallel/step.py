@@ -22,18 +22,25 @@ dimension (``ranks_alike``).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import ArchscanError
 from ..load.building import build_meta, make_call
 from ..load.targets import InputSpec, ModelTarget
 from ..memory import summary
-from ..memory.train import TrainOptions, _analysed_step, _costs, _restored, _StepTracker, check_trainable
 from ..memory.tracker import CATEGORIES
+from ..memory.train import (
+    TrainOptions,
+    _analysed_step,
+    _costs,
+    _restored,
+    _StepTracker,
+    check_trainable,
+)
 from .plans import parallelize
 from .spec import ParallelSpec
 from .world import fake_world, group_of, mesh_groups

@@ -10,9 +10,8 @@ a caller's own is refused rather than replaced.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
-import torch
 import torch.distributed as dist
 
 from ..errors import ArchscanError
@@ -28,8 +27,8 @@ def fake_world(spec: ParallelSpec, rank: int = 0) -> Iterator:
     if dist.is_initialized():
         raise ArchscanError("a torch.distributed process group already exists in this process",
                             hint="run archscan --parallel outside a distributed job (it makes its own fake one)")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
@@ -61,7 +60,7 @@ def mesh_groups(mesh) -> dict[str, str]:
 def cpu_world_ok() -> bool:
     """torch.distributed with its fake backend is importable here."""
     try:
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401
+        import torch.testing._internal.distributed.fake_pg
     except Exception:
         return False
     return dist.is_available() and torch.distributed.is_available()

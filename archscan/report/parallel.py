@@ -33,8 +33,8 @@ def parallel_lines(section: dict, memory_line) -> list[str]:
     if section.get("candidates") is not None:
         return _search_lines(section)
     micro = ", ".join("×".join(map(str, i["shape"])) for i in section["micro_batch"])
-    lines = [f"parallel   {section['spec']} ({section['world_size']} ranks, {section['data_parallel']} data-parallel; "
-             f"micro-batch {micro} per rank): {section['plan']}",
+    lines = [(f"parallel   {section['spec']} ({section['world_size']} ranks, {section['data_parallel']} data-parallel; "
+             f"micro-batch {micro} per rank): {section['plan']}"),
              memory_line("rank 0     ", section["memory"])]
     lines.append("           " + ("every rank holds the same (each sharded dimension divides)" if section["ranks_alike"]
                                   else "rank 0 holds the largest shards (torch.chunk's order): the worst rank"))
@@ -60,8 +60,8 @@ def parallel_lines(section: dict, memory_line) -> list[str]:
 
 def _search_lines(section: dict) -> list[str]:
     micro = ", ".join("×".join(map(str, i["shape"])) for i in section["micro_batch"])
-    lines = [f"parallel   {section['spec']}: meshes of {section['world_size']} GPUs at micro-batch {micro} per rank "
-             f"in {section['budget']['label']}, ranked by {section['ranked_by']}"]
+    lines = [(f"parallel   {section['spec']}: meshes of {section['world_size']} GPUs at micro-batch {micro} per rank "
+             f"in {section['budget']['label']}, ranked by {section['ranked_by']}")]
     for row in section["candidates"]:
         if "skipped" in row:
             lines.append(f"           {row['spec']}: skipped, {row['skipped']}")

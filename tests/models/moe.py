@@ -8,8 +8,8 @@ without the router's values (a fake-tensor step runs it as a GPU would).
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class Experts(nn.Module):
