@@ -17,16 +17,28 @@ def _allocations_peak(prof) -> int:
     return _allocations_peak_and_end(prof)[0]
 
 
-def _allocations_peak_and_end(prof) -> tuple[int, int]:
-    """The highest running sum of a profile's CPU allocation events, and the sum at its end."""
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+def _allocations_peak_and_end(prof, skip: tuple[str, ...] = ()) -> tuple[int, int]:
+    """The highest running sum of a profile's CPU allocation events, and the sum at its end;
+    ``skip``: allocations made inside ops whose names start so are left out (with their frees)."""
+    events, stack = [], [(ev, False) for ev in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
-        ev = stack.pop()
+        ev, inside = stack.pop()
         if ev.tag == _EventType.Allocation and str(ev.extra_fields.device) == "cpu":
-            events.append((ev.start_time_ns, ev.extra_fields.alloc_size))
-        stack.extend(ev.children)
+            events.append((ev.start_time_ns, ev.extra_fields.alloc_size, ev.extra_fields.ptr, inside))
+        inside = inside or (bool(skip) and ev.name.startswith(skip))
+        stack.extend((child, inside) for child in ev.children)
+    kept, open_skipped = [], set()
+    for t, size, ptr, inside in sorted(events):
+        if size > 0 and inside:  # a block made inside a skipped op: it and its free are left out
+            open_skipped.add(ptr)
+            continue
+        if size < 0 and ptr in open_skipped:
+            open_skipped.discard(ptr)
+            continue
+        kept.append((t, size))
+    events = kept
     live = peak = 0
-    for _, size in sorted(events):
+    for _, size in events:
         live += size
         peak = max(peak, live)
     return peak, live

@@ -16,6 +16,7 @@ future value, so a comm hook answers with the bucket itself, as an in-place all-
 from __future__ import annotations
 
 import contextlib
+import os
 import gc
 
 import torch
@@ -55,37 +56,45 @@ def _init(model: torch.nn.Module) -> None:
 
 def rank_peak(target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw") -> tuple[int, list]:
     """(rank 0's peak bytes in a steady training step under ``spec``, the collectives' calls of
-    that step: (op name, bytes of its first tensor argument))."""
-    calls: list = []
+    that step: (op name, bytes of its first tensor argument)), in the fake process group."""
     with fake_world(spec) as mesh:
-        torch.manual_seed(0)
-        with _profiled() as first:
-            inputs = make_call(specs, None).tensors()
-            if spec.ddp > 1:
-                from torch.nn.parallel import DistributedDataParallel
+        return peak_in(mesh, target, specs, spec, kwargs, optimizer, fake_group=True)
 
-                model = build_real(target, kwargs or {}, None, specs)
-                model.train()
-                model = DistributedDataParallel(model, **({"bucket_cap_mb": spec.bucket_mb} if spec.bucket_mb else {}))
 
-                def answer(state, bucket):
-                    buffer = bucket.buffer()
-                    calls.append(("ddp.allreduce", buffer.numel() * buffer.element_size()))
-                    done = torch.futures.Future()
-                    done.set_result(bucket.buffer())
-                    return done
+def peak_in(mesh, target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw",
+            fake_group: bool = False, skip: tuple[str, ...] = ()) -> tuple[int, list]:
+    """``rank_peak`` in the process group that exists (a real gloo group under torchrun, or the
+    fake one): this rank's peak and collectives."""
+    calls: list = []
+    torch.manual_seed(0)
+    with _profiled() as first:
+        inputs = make_call(specs, None).tensors()
+        if spec.ddp > 1:
+            from torch.nn.parallel import DistributedDataParallel
 
+            model = build_real(target, kwargs or {}, None, specs)
+            model.train()
+            model = DistributedDataParallel(model, **({"bucket_cap_mb": spec.bucket_mb} if spec.bucket_mb else {}))
+
+            def answer(state, bucket):
+                buffer = bucket.buffer()
+                calls.append(("ddp.allreduce", buffer.numel() * buffer.element_size()))
+                done = torch.futures.Future()
+                done.set_result(buffer)
+                return done
+
+            if fake_group or os.environ.get("ARCHSCAN_GLOO_HOOK"):  # a real group all-reduces for itself
                 model.register_comm_hook(None, answer)
-            else:
-                model, _ = build_parallel(target, specs, spec, mesh, kwargs, None)
-                _init(model)
-            step, _, _ = training_step(model, inputs, optimizer)
-            step()
-        before = _allocations_peak_and_end(first)[1]
-        calls.clear()
-        with _profiled() as second, _Collectives(calls):
-            step()
-        return before + _allocations_peak_and_end(second)[0], calls
+        else:
+            model, _ = build_parallel(target, specs, spec, mesh, kwargs, None)
+            _init(model)
+        step, _, _ = training_step(model, inputs, optimizer)
+        step()
+    before = _allocations_peak_and_end(first, skip)[1]
+    calls.clear()
+    with _profiled() as second, _Collectives(calls):
+        step()
+    return before + _allocations_peak_and_end(second, skip)[0], calls
 
 
 COLLECTIVES = {"_allgather_base_", "_reduce_scatter_base_", "allreduce_", "broadcast_", "allgather_into_tensor_coalesced_",
