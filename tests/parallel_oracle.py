@@ -54,15 +54,16 @@ def _init(model: torch.nn.Module) -> None:
                 p.normal_(0, 0.02)
 
 
-def rank_peak(target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw") -> tuple[int, list]:
+def rank_peak(target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw",
+              param_dtype: torch.dtype | None = None) -> tuple[int, list]:
     """(rank 0's peak bytes in a steady training step under ``spec``, the collectives' calls of
     that step: (op name, bytes of its first tensor argument)), in the fake process group."""
     with fake_world(spec) as mesh:
-        return peak_in(mesh, target, specs, spec, kwargs, optimizer, fake_group=True)
+        return peak_in(mesh, target, specs, spec, kwargs, optimizer, fake_group=True, param_dtype=param_dtype)
 
 
 def peak_in(mesh, target, specs, spec: ParallelSpec, kwargs: dict | None = None, optimizer: str = "adamw",
-            fake_group: bool = False, skip: tuple[str, ...] = ()) -> tuple[int, list]:
+            fake_group: bool = False, skip: tuple[str, ...] = (), param_dtype: torch.dtype | None = None) -> tuple[int, list]:
     """``rank_peak`` in the process group that exists (a real gloo group under torchrun, or the
     fake one): this rank's peak and collectives."""
     calls: list = []
@@ -86,7 +87,7 @@ def peak_in(mesh, target, specs, spec: ParallelSpec, kwargs: dict | None = None,
             if fake_group or os.environ.get("ARCHSCAN_GLOO_HOOK"):  # a real group all-reduces for itself
                 model.register_comm_hook(None, answer)
         else:
-            model, _ = build_parallel(target, specs, spec, mesh, kwargs, None)
+            model, _ = build_parallel(target, specs, spec, mesh, kwargs, None, param_dtype=param_dtype)
             _init(model)
         step, _, _ = training_step(model, inputs, optimizer)
         step()

@@ -84,6 +84,23 @@ def test_rank_peak_and_collectives_match_a_real_run(target, kwargs, spec, shape)
     assert sum(at.values()) == section["memory"]["peak_bytes"]  # the breakdown adds up
 
 
+def test_fsdp_mixed_precision_gathers_bf16_and_reduces_fp32():
+    """--amp bf16 under FSDP2 is its MixedPrecisionPolicy: parameters gathered in bf16 (half the
+    bytes), gradients reduce-scattered in float32; the peak as a real run's."""
+    options = TrainOptions.parse(amp="bf16")
+    section = _section("zoo:llama_tiny", LLAMA, "fsdp=4", "2,128:int64", options)
+    fp32 = _section("zoo:llama_tiny", LLAMA, "fsdp=4", "2,128:int64")
+    assert "MixedPrecisionPolicy" in section["plan"]
+    gathered = {r["dtype"] for r in section["collectives"] if r["kind"] == "all_gather"}
+    reduced = {r["dtype"] for r in section["collectives"] if r["kind"] == "reduce_scatter"}
+    assert gathered == {"bfloat16"} and reduced == {"float32"}
+    assert sum(r["recv_bytes"] * r["count"] for r in section["collectives"] if r["kind"] == "all_gather") * 2 == \
+        sum(r["recv_bytes"] * r["count"] for r in fp32["collectives"] if r["kind"] == "all_gather")
+    peak, _ = rank_peak(to_target("zoo:llama_tiny"), [parse_input_spec("2,128:int64")], ParallelSpec.parse("fsdp=4"),
+                        LLAMA, param_dtype=torch.bfloat16)
+    assert section["memory"]["peak_bytes"] == peak
+
+
 def test_fsdp_collectives_by_hand():
     """FSDP2 at 8 ranks gathers every parameter in the forward and again in the backward, and
     reduce-scatters every gradient once: 2 all-gathers and 1 reduce-scatter per block and the root."""

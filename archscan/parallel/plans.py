@@ -9,7 +9,9 @@ applied to the model on the meta device, as a training script would apply them.
 - **FSDP2** (``fsdp``, HSDP with ``dp``): ``fully_shard`` on each block (every child with
   parameters of the model's ``ModuleList``/``Sequential`` containers: decoder layers, ResNet's
   bottlenecks, ViT's encoder blocks), then on the root; ``zero2`` keeps the blocks' parameters
-  unsharded from forward to backward (``reshard_after_forward=False``).
+  unsharded from forward to backward (``reshard_after_forward=False``). ``--amp bf16`` is FSDP2's
+  mixed precision (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)``, as torchtitan
+  trains): parameters gathered and computed in bf16, gradients reduced in float32, no autocast.
 - **A user's plan** (``--plan file.py:function``): ``function(model, mesh) -> model | None`` does
   all of it itself, with the whole device mesh (its dimensions named as in the spec).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from ..errors import ArchscanError, CaptureError
@@ -48,14 +51,17 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def shard(model: nn.Module, mesh, spec: ParallelSpec) -> None:
-    """FSDP2 on each block, then the root (HSDP over a ``dp`` × ``fsdp`` mesh)."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model: nn.Module, mesh, spec: ParallelSpec, param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 on each block, then the root (HSDP over a ``dp`` × ``fsdp`` mesh); ``param_dtype``:
+    mixed precision as FSDP2 does it (``MixedPrecisionPolicy``: parameters all-gathered and computed
+    in it, gradients reduced in float32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     fsdp_mesh = mesh["dp", "fsdp"] if spec.dp > 1 else mesh["fsdp"]
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     for _, block in blocks(model):
-        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=not spec.zero2)
-    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=not spec.zero2)
+        fully_shard(block, mesh=fsdp_mesh, reshard_after_forward=not spec.zero2, mp_policy=policy)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=not spec.zero2, mp_policy=policy)
 
 
 def _divides(spec: ParallelSpec, what: str, count: int) -> None:
@@ -157,9 +163,10 @@ def tensor_parallel(model: nn.Module, tp_mesh, spec: ParallelSpec) -> str:
 
 
 def parallelize(model: nn.Module, mesh, spec: ParallelSpec, user_plan: Callable | None = None,
-                plan_name: str | None = None) -> tuple[nn.Module, str]:
+                plan_name: str | None = None, param_dtype: torch.dtype | None = None) -> tuple[nn.Module, str]:
     """``model`` (on the meta device) parallelized over ``mesh`` as ``spec`` says, or by the
-    user's plan; returns the model and what plan was applied."""
+    user's plan; returns the model and what plan was applied. ``param_dtype``: FSDP2's mixed
+    precision (``shard``)."""
     if user_plan is not None:
         try:
             out = user_plan(model, mesh)
@@ -175,8 +182,10 @@ def parallelize(model: nn.Module, mesh, spec: ParallelSpec, user_plan: Callable 
         if spec.tp > 1:
             applied.append(f"tensor parallel: {tensor_parallel(model, mesh['tp'], spec)}")
         if spec.fsdp > 1 or spec.dp > 1:
-            shard(model, mesh, spec)
-            applied.append(f"FSDP2 on {len(blocks(model))} blocks and the root" + (" (zero2)" if spec.zero2 else ""))
+            shard(model, mesh, spec, param_dtype)
+            applied.append(f"FSDP2 on {len(blocks(model))} blocks and the root" + (" (zero2)" if spec.zero2 else "")
+                           + (f", parameters in {str(param_dtype).removeprefix('torch.')} (MixedPrecisionPolicy), "
+                              "gradients reduced in float32" if param_dtype else ""))
         applied = "; ".join(applied)
     check_sharded(model, spec)
     return model, applied

@@ -37,7 +37,7 @@ def run(target, specs: Sequence, options, spec: ParallelSpec, *, kwargs: dict | 
         step = ddp_step(target, specs, options, spec, kwargs, dtype)
     else:
         step = parallel_step(target, specs, options, spec, kwargs, dtype, plan, plan_name)
-    section = {**spec.to_json(), "micro_batch": [s.to_json() for s in specs], **step}
+    section = {**spec.to_json(), "micro_batch": [s.to_json() for s in specs], "options": options.to_json(), **step}
     ic = interconnect if interconnect is not None else interconnect_of(gpu)
     if gpu is not None and ic is not None:
         from .timing import step_time

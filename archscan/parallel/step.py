@@ -22,6 +22,7 @@ dimension (``ranks_alike``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,6 +35,7 @@ from ..load.targets import InputSpec, ModelTarget
 from ..memory import summary
 from ..memory.tracker import CATEGORIES
 from ..memory.train import (
+    AMP,
     TrainOptions,
     _analysed_step,
     _costs,
@@ -160,13 +162,14 @@ def distributed_runtime(tracker):
 
 def build_parallel(target: ModelTarget, specs: Sequence[InputSpec], spec: ParallelSpec, mesh,
                    kwargs: dict | None, dtype: torch.dtype | None, user_plan: Callable | None = None,
-                   plan_name: str | None = None, fake_mode: FakeTensorMode | None = None) -> tuple[nn.Module, str]:
+                   plan_name: str | None = None, fake_mode: FakeTensorMode | None = None,
+                   param_dtype: torch.dtype | None = None) -> tuple[nn.Module, str]:
     """The model built on the meta device, parallelized, and materialised on fake CPU tensors
-    (``fake_mode``; real ones when None: the oracle's run)."""
+    (``fake_mode``; real ones when None: the oracle's run); ``param_dtype``: FSDP2's mixed precision."""
     model = build_meta(target, kwargs or {}, specs)
     if dtype is not None:
         model.to(dtype)
-    model, applied = parallelize(model, mesh, spec, user_plan, plan_name)
+    model, applied = parallelize(model, mesh, spec, user_plan, plan_name, param_dtype)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         model.to_empty(device="cpu")
     return model, applied
@@ -191,11 +194,13 @@ def parallel_step(target: ModelTarget, specs: Sequence[InputSpec], options: Trai
     """Rank 0's training step under ``spec`` (FSDP2, HSDP, TP and their meshes): the JSON of its
     memory, its costs and its collectives (``collectives``: one row per op, phase and shape)."""
     check_trainable(target)
-    if options.checkpoint or not options.set_to_none:
-        pass  # both run as on one device: checkpointed blocks recompute, kept gradients stay sharded
+    param_dtype = None
+    if options.amp and (spec.fsdp > 1 or spec.dp > 1) and user_plan is None:  # FSDP2's mixed precision, not autocast
+        param_dtype, options = AMP[options.amp], dataclasses.replace(options, amp=None)
     with fake_world(spec) as mesh:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        model, applied = build_parallel(target, specs, spec, mesh, kwargs, dtype, user_plan, plan_name, fake_mode)
+        model, applied = build_parallel(target, specs, spec, mesh, kwargs, dtype, user_plan, plan_name, fake_mode,
+                                        param_dtype)
         tracker = ParallelTracker()
         tracker.group_dims = mesh_groups(mesh)
         with _restored(model):
