@@ -281,3 +281,42 @@ def test_every_rank_of_a_real_gloo_run(tmp_path, target, kwargs, spec, shape, ra
     # from run to run (gloo's worker threads allocate small blocks outside the collective's own scope)
     assert [g["without_gloo_buffers"] for g in got] == [pytest.approx(ours, rel=1e-4)] * ranks
     assert all(g["peak_bytes"] >= ours for g in got)
+
+
+def test_largest_micro_batch_per_rank_fits_and_the_next_does_not(capsys):
+    """--memory with --parallel: the largest micro-batch per rank whose peak fits, checked with the
+    real-tensor run at that batch and the next."""
+    from archscan.cli import main
+
+    assert main(["zoo:llama_tiny", "--input", "1,128:int64", "--kwargs", "vocab_size=1000", "--train",
+                 "--parallel", "fsdp=4", "--memory", "40MiB", "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["parallel"]["budget"]
+    found = budget["max_batch"]
+    assert found and budget["for"] == "one rank's micro-batch"
+    spec, target = ParallelSpec.parse("fsdp=4"), to_target("zoo:llama_tiny")
+    assert rank_peak(target, [parse_input_spec(f"{found},128:int64")], spec, LLAMA)[0] <= 40 << 20
+    assert rank_peak(target, [parse_input_spec(f"{found + 1},128:int64")], spec, LLAMA)[0] > 40 << 20
+
+
+def test_auto_search_ranks_the_meshes_that_fit(capsys):
+    from archscan.cli import main
+
+    assert main(["zoo:llama_tiny", "--input", "2,64:int64", "--kwargs", "vocab_size=1000", "--train",
+                 "--parallel", "auto:4", "--memory", "h100", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["parallel"]
+    tried = {row["spec"] for row in found["candidates"]}
+    assert {"fsdp=4", "ddp=4", "dp=2,fsdp=2", "fsdp=2,tp=2", "tp=4"} <= tried
+    fitting = [r for r in found["candidates"] if r.get("fits")]
+    assert found["best"] == max(fitting, key=lambda r: r["samples_per_s"])
+    assert all(r["step_ms"] > 0 for r in fitting)  # timed on the H100 the budget names
+
+
+def test_html_report_plots_rank_memory_and_lists_collectives(tmp_path, capsys):
+    from archscan.cli import main
+
+    page = tmp_path / "r.html"
+    assert main(["zoo:llama_tiny", "--input", "2,64:int64", "--kwargs", "vocab_size=1000", "--train",
+                 "--parallel", "fsdp=4", "--device-profile", "h100", "--report", str(page)]) == 0
+    html = page.read_text()
+    assert "Rank 0 of fsdp=4: its training step" in html and "unsharded params" in html
+    assert "<th>collective</th>" in html and "all_gather" in html

@@ -59,8 +59,10 @@ def report_html(report: dict) -> str:
 def _memory(report: dict) -> str:
     """The inference forward's live bytes and, with --train, the training step's."""
     parts = []
+    spread = report.get("parallel") or {}
     for memory, title in ((report.get("memory"), "Inference forward"),
-                          ((report.get("training") or {}).get("memory"), "Training step")):
+                          ((report.get("training") or {}).get("memory"), "Training step"),
+                          (spread.get("memory"), f"Rank 0 of {spread.get('spec')}: its training step")):
         if not memory:
             continue
         where = memory["peak_at"]
@@ -70,6 +72,13 @@ def _memory(report: dict) -> str:
                 f"{escape(where['op'])} of {place}{source}; at the peak "
                 + ", ".join(f"{fmt_bytes(v)} {escape(k.replace('_', ' '))}" for k, v in memory["at_peak"].items() if v))
         parts.append(_plot(plots.memory_svg(memory, title), note))
+    if spread.get("collectives"):
+        from .parallel import collective_groups
+
+        rows = [[escape(g["kind"]), escape(f"{g['mesh_dim']} ({g['group_size']})"), escape(g["phase"]), _num(f"{g['count']:,}"),
+                 _num(fmt_bytes(g["wire_bytes"])), _num(_ms(g["ms"]))] for g in collective_groups(spread["collectives"])]
+        parts.append(_table(["collective", "over", "phase", "calls", "sent and received per rank (ring)", "time"], rows,
+                            numeric={3, 4, 5}))
     return "\n".join(parts) or "<p>No memory figure: the capture ran the model for real.</p>"
 
 

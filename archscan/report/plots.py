@@ -142,7 +142,10 @@ def latency_svg(report: dict, limit: int = 16) -> str | None:
 
 
 MEMORY_COLOURS = {"params": "#1f77b4", "grads": "#ff7f0e", "optimizer_state": "#2ca02c", "activations": "#d62728",
-                  "temporaries": "#9467bd", "inputs": "#8c564b"}
+                  "temporaries": "#9467bd", "inputs": "#8c564b",
+                  # a parallel step's own (archscan.parallel): FSDP2's gathered parameters and flat buffers, DDP's buckets
+                  "unsharded_params": "#17becf", "allgather_buffers": "#bcbd22", "reduce_scatter_buffers": "#e377c2",
+                  "ddp_buckets": "#7f7f7f"}
 
 
 def memory_svg(memory: dict | None, title: str) -> str | None:
