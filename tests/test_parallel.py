@@ -84,6 +84,20 @@ def test_rank_peak_and_collectives_match_a_real_run(target, kwargs, spec, shape)
     assert sum(at.values()) == section["memory"]["peak_bytes"]  # the breakdown adds up
 
 
+@pytest.mark.parametrize("spec", ["tp=2", "fsdp=2,tp=2"])
+def test_hugging_face_decoder_tensor_parallel_plan(spec):
+    """transformers' Llama under the plan of its own ``base_model_tp_plan`` (and FSDP2 on top): the
+    peak as a real run's, each layer's row-wise projections all-reducing their outputs."""
+    pytest.importorskip("transformers")
+    target = os.path.join(HERE, "models", "hf_decoders.py") + ":tiny_llama"
+    section = _section(target, None, spec, "2,64:int64")
+    assert section["plan"].startswith("tensor parallel: Hugging Face Llama-family decoder")
+    peak, _ = rank_peak(to_target(target), [parse_input_spec("2,64:int64")], ParallelSpec.parse(spec))
+    assert section["memory"]["peak_bytes"] == peak
+    reduces = sum(r["count"] for r in section["collectives"] if r["kind"] == "all_reduce" and r["phase"] == "forward")
+    assert reduces == 2 * 2 + 1  # o_proj and down_proj in each of 2 layers, the embedding
+
+
 def test_fsdp_mixed_precision_gathers_bf16_and_reduces_fp32():
     """--amp bf16 under FSDP2 is its MixedPrecisionPolicy: parameters gathered in bf16 (half the
     bytes), gradients reduce-scattered in float32; the peak as a real run's."""

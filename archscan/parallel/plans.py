@@ -15,8 +15,8 @@ applied to the model on the meta device, as a training script would apply them.
 - **A user's plan** (``--plan file.py:function``): ``function(model, mesh) -> model | None`` does
   all of it itself, with the whole device mesh (its dimensions named as in the spec).
 
-Every parameter must end up a DTensor on a mesh that uses FSDP or TP: one left a plain tensor
-is named (``check_sharded``).
+Every parameter must end up a DTensor on a mesh that uses FSDP: one left a plain tensor is named
+(``check_sharded``).
 """
 
 from __future__ import annotations
@@ -192,8 +192,10 @@ def parallelize(model: nn.Module, mesh, spec: ParallelSpec, user_plan: Callable 
 
 
 def check_sharded(model: nn.Module, spec: ParallelSpec) -> None:
-    """Every parameter is a DTensor when the mesh shards (FSDP or TP): a plain one is a plan's mistake."""
-    if spec.fsdp * spec.dp * spec.tp == 1:
+    """Every parameter is a DTensor when FSDP shards the model: a plain one is a plan's mistake
+    (under tensor parallelism alone a plain parameter is replicated, as norms are without
+    sequence parallelism)."""
+    if spec.fsdp * spec.dp == 1:
         return
     from torch.distributed.tensor import DTensor
 
