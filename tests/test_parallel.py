@@ -239,6 +239,15 @@ def test_a_users_plan_runs(capsys, tmp_path):
     assert Counter(r["kind"] for r in data["collectives"] for _ in range(r["count"])) == {"all_gather": 1, "reduce_scatter": 1}
 
 
+def test_worlds_one_after_another_do_not_share_process_groups():
+    """DTensor caches sharding decisions keyed by meshes that compare equal across worlds of one
+    shape: a 3-D mesh after a 2-D one must run on its own groups, with the same peak as alone."""
+    first = _section("zoo:llama_tiny", LLAMA, "dp=2,fsdp=2,tp=2", "1,32:int64")["memory"]["peak_bytes"]
+    _section("zoo:llama_tiny", LLAMA, "fsdp=4,tp=2", "1,32:int64")
+    _section("zoo:llama_tiny", LLAMA, "fsdp=2,tp=4", "1,32:int64")
+    assert _section("zoo:llama_tiny", LLAMA, "dp=2,fsdp=2,tp=2", "1,32:int64")["memory"]["peak_bytes"] == first
+
+
 def test_process_group_is_gone_after_a_step():
     _section("zoo:llama_tiny", LLAMA, "fsdp=2", "1,16:int64")
     assert not torch.distributed.is_initialized()

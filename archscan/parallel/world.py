@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 import torch.distributed as dist
 
 from ..errors import ArchscanError
@@ -30,12 +31,36 @@ def fake_world(spec: ParallelSpec, rank: int = 0) -> Iterator:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    forget_meshes()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=spec.world_size)
     try:
         names = tuple(spec.mesh)
         yield init_device_mesh("cpu", tuple(spec.mesh.values()), mesh_dim_names=names)
     finally:
         dist.destroy_process_group()
+        forget_meshes()
+
+
+def forget_meshes() -> None:
+    """Clear DTensor's caches of sharding decisions and redistribution plans: they hold device
+    meshes, which compare equal across worlds of the same shape, so a later world would run its
+    collectives on an earlier world's process groups (gone with it)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(propagator, "propagate_op_sharding", None),
+                   getattr(type(propagator), "_propagate_tensor_meta", None)):
+        clear = getattr(cached, "cache_clear", None)
+        if clear is not None:
+            clear()
+    planners = getattr(_redistribute, "_planner_cache", None)
+    if isinstance(planners, dict):
+        planners.clear()
+    fast_path = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # DTensor's C++ dispatch
+    if fast_path is not None:
+        fast_path()
 
 
 def group_of(pg) -> tuple[int | None, str | None]:
@@ -55,12 +80,3 @@ def group_of(pg) -> tuple[int | None, str | None]:
 def mesh_groups(mesh) -> dict[str, str]:
     """Process group name -> the mesh dimension it runs along."""
     return {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
-
-
-def cpu_world_ok() -> bool:
-    """torch.distributed with its fake backend is importable here."""
-    try:
-        import torch.testing._internal.distributed.fake_pg
-    except Exception:
-        return False
-    return dist.is_available() and torch.distributed.is_available()
