@@ -52,7 +52,9 @@ def search(target, specs: Sequence, options, gpus: int, *, kwargs: dict | None =
             peak = counted_bytes(section["memory"], budget, limit)
             time = section.get("time") or {}
             step_ms = time.get("overlapped_ms")
+            out_of_memory = bool((section["memory"].get("cuda") or {}).get("out_of_memory"))
             row = {"spec": str(spec), "checkpoint": bool(checkpoint), "peak_bytes": peak, "fits": peak <= budget.bytes,
+                   "out_of_memory": out_of_memory,
                    "step_ms": step_ms, "serial_ms": time.get("serial_ms"),
                    "samples_per_s": micro * spec.data_parallel / (step_ms / 1e3) if step_ms else None}
             rows.append(row)

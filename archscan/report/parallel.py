@@ -68,7 +68,8 @@ def _search_lines(section: dict) -> list[str]:
             continue
         rate = f", {row['samples_per_s']:,.1f} samples/s" if row.get("samples_per_s") else ""
         lines.append(f"           {row['spec']}{' + checkpointing' if row['checkpoint'] else ''}: "
-                     f"{fmt_bytes(row['peak_bytes'])}, {'fits' if row['fits'] else 'does not fit'}"
+                     + ("runs out of memory (the simulated caching allocator)" if row.get("out_of_memory") else
+                        f"{fmt_bytes(row['peak_bytes'])}, {'fits' if row['fits'] else 'does not fit'}")
                      + (f", step {_ms(row['step_ms'])}" if row.get("step_ms") else "") + rate)
     best = section.get("best")
     lines.append(f"best       {section['ranked'][0]}" if best else "best       no mesh of these fits: more GPUs, a "
