@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
-from ..capture import Captured, NodeCosts, Observer, capture, module_stack, seeded_rng, source_of
+from ..capture import Captured, NodeCosts, Observer, capture, module_stack, run_again, seeded_rng, source_of
 from ..costs import CATEGORIES, MASK_ELEMENTS, bound_arguments, mask_pairs, storage_key
 from ..load.frames import exit_error
 from ..memory import MemoryObserver, forward_memory
@@ -410,7 +410,9 @@ def _memory(captured: Captured, specs: Sequence[InputSpec], dtype) -> dict | Non
     lifetimes (``basis`` says which); None after a real eager capture."""
     found = captured.observed.get(MemoryObserver.key)
     if captured.fake and (found is None or found["basis"] != "eager"):  # not yet the model's own forward
-        found = forward_memory(captured.model, specs, dtype) or found  # else the captured graph's lifetimes
+        found = forward_memory(captured.model, specs, dtype) or found
+        if found is None:  # the forward needs values: the captured graph's lifetimes, in its direct run again
+            found = run_again(captured, specs, MemoryObserver())
     if found is None:
         return None
     return {**found, "weights_bytes": found["at_peak"]["params"],

@@ -60,7 +60,7 @@ from ..load.targets import InputSpec, ModelTarget
 from ..load.recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values,
                               output_tensors, python_stack, quiet, shape_str, source_of)
 
-__all__ = ["Captured", "NodeCosts", "Observer", "between_products", "capture", "capture_context", "module_stack", "source_of",
+__all__ = ["Captured", "NodeCosts", "Observer", "between_products", "capture", "capture_context", "module_stack", "run_again", "source_of",
            "trace_export", "trace_fx"]
 
 
@@ -93,7 +93,9 @@ class Observer(Protocol):
     the captured graph's lifetimes). A mode with a ``where`` attribute is told the fx node that
     runs. An observer with ``eager_mode(model, inputs)`` rides the recording on fake tensors
     too (the model's own forward, not a graph; ``result`` then gets no output), and what it
-    found there is kept whichever graph the capture keeps.
+    found there is kept whichever graph the capture keeps. One with ``rides_direct = False`` rides
+    only the recording: its stage gets what it needs otherwise, and ``run_again`` runs the direct
+    graph once more for it where it must.
     """
 
     key: str
@@ -306,7 +308,9 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
         specs: example input shapes/dtypes.
         kwargs: constructor arguments.
         dtype: cast the model (and float inputs) to this dtype.
-        method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error).
+        method: "auto", or force "fx", "export" or "eager" (a forced capture that fails is an error);
+            "direct": the fx capture in a direct run only, for a stage that counts a changed copy and
+            goes without where that cannot (``archscan.recommend``'s cut copies).
         observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
             direct run or the recording on fake tensors ran it.
     """
@@ -316,8 +320,8 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
              method: str, observers: Sequence[Observer] = ()) -> Captured:
-    meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx", "eager") and _direct_allowed(target, specs, dtype) \
-        else None
+    meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx", "eager", "direct") \
+        and _direct_allowed(target, specs, dtype) else None
     hooks = strip_user_hooks(meta) if meta is not None else None
     failures: dict[str, str] = {}
     direct_recording = None
@@ -331,6 +335,9 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         if direct_recording is not None and (method == "eager" or not writes_attention(direct_recording.gm)):
             direct_recording.notes[:0] = _notes(failures)
             return direct_recording
+    if method == "direct":  # a quick count or nothing: no fake tensors (their machinery costs seconds to load)
+        raise CaptureError(f"{target.name} cannot be counted by a direct run"
+                           + (f": {failures['fx']}" if "fx" in failures else ""))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = build_fake(target, kwargs, dtype, fake_mode, specs, meta=meta)  # the constructor runs once
     hooks = strip_user_hooks(model) if hooks is None else hooks
@@ -488,6 +495,7 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
     if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
         return None
     names, numel, weight_keys = _weight_maps(model)
+    observers = [o for o in observers if getattr(o, "rides_direct", True)]
     modes = [observer.mode(model) for observer in observers]
     try:
         out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)), modes)
@@ -495,6 +503,19 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
         return None    # refuses them) are not the model's: the fake path decides, and names a real input error
     observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
     return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, training, (), observed=observed)
+
+
+def run_again(captured: Captured, specs: Sequence[InputSpec], observer: Observer) -> Any:
+    """What ``observer`` finds riding the captured graph's direct run, run once more (an observer
+    that does not ride the first run, ``rides_direct = False``, where it turns out to be needed);
+    None for a capture that was not a direct run."""
+    model = captured.model
+    if captured.kind != "fx" or not on_meta(model):
+        return None
+    names, _, weight_keys = _weight_maps(model)
+    mode = observer.mode(model)
+    out = _interpret(captured.gm, make_call(specs, None), direct.Direct(), OpRecorder(weight_keys, set(names)), [mode])
+    return observer.result(mode, out, model)
 
 
 _READS_VALUES = frozenset({"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__"})

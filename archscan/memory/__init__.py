@@ -4,8 +4,8 @@
 inference forward's peak from the model's own forward: ``MemoryObserver`` (an
 ``archscan.capture.Observer``) rides the capture's recording on fake tensors where the capture
 makes one; otherwise the forward runs once more on the capture's model (``forward_memory``), and
-where that cannot run either, the observer's figure from the capture's direct run (the captured
-graph's lifetimes) stands.
+where that cannot run either, the captured graph's lifetimes, its direct run repeated with the
+observer riding it (``archscan.capture.run_again``).
 ``archscan.memory.train`` analyses a whole training step; ``snapshot`` writes a run in PyTorch's
 memory snapshot format. Every run is counted as the current execution model runs it
 (``archscan.memory.gpu``: the CPU's kernels, or a named GPU's, whose caching allocator
@@ -37,6 +37,10 @@ class MemoryObserver:
     the same run)."""
 
     key = "memory"
+    # the direct run's graph frees each value after its last use, which Python's variables do not:
+    # the figure comes from the model's own forward (``forward_memory``), and the graph's
+    # lifetimes only where that cannot run (``capture.run_again``), not on every scan
+    rides_direct = False
 
     def mode(self, model: nn.Module) -> MemoryTracker:
         tracker = MemoryTracker()

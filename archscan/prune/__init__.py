@@ -271,11 +271,13 @@ def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> 
 
 
 def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=None,
-            model: nn.Module | None = None) -> dict:
-    """Totals of the cut model, counted by archscan's analysis of a meta-device copy."""
+            model: nn.Module | None = None, quick: bool = False) -> dict:
+    """Totals of the cut model, counted by archscan's analysis of a meta-device copy; ``quick``:
+    in a direct run only (``capture(method="direct")``), failing where that cannot count it."""
     try:
         report = predicted(analyse_model(pruned_target(target, cuts, model), specs,
-                                         kwargs=kwargs if model is None else None, dtype=dtype, memory=False), profile)
+                                         kwargs=kwargs if model is None else None, dtype=dtype, memory=False,
+                                         capture_method="direct" if quick else "auto"), profile)
     except ArchscanError as exc:
         raise ArchscanError(f"the cut model does not run: {exc}",
                             hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from None

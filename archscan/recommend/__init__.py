@@ -236,6 +236,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
             or not _variants_affordable(ctx):
         return []
     from ..errors import ArchscanError
+    from ..load.building import on_meta
     from ..prune import analyse, params_removed, plan, predict, totals
     from ..load.targets import output_path
 
@@ -250,7 +251,8 @@ def _prune(ctx: Context) -> list[Recommendation]:
     recs = []
     for cut in cuts[:2 * PRUNE_SHOWN]:
         try:  # counted once: a cut the model's code rejects does not run, and is not recommended
-            after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model)
+            after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model,
+                            quick=on_meta(ctx.model))  # the model ran directly: so does a cut of it that runs
         except ArchscanError:
             continue
         group, channels = cut
