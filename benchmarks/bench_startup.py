@@ -1,9 +1,12 @@
 """Whole processes, as a user waits for them: `archscan zoo:NAME --json` against fvcore's
 FlopCountAnalysis script and torch's FlopCounterMode on meta tensors, each a fresh process.
 
-The three commands run interleaved (A B C A B C ...) so drift of the machine lands on all of
-them; each figure is the median of ``--runs`` wall-clock times, and the ratios are archscan's
-median over the other tool's. The floor, `python -c "import torch"`, is printed beside them.
+The commands run interleaved (A B C A B C ...) so drift of the machine lands on all of them;
+each figure is the median of ``--runs`` wall-clock times, and the ratios are archscan's median
+over the other tool's. The floor, `python -c "import torch"`, runs among them and archscan's
+ratio to it is printed too: a slow hour (a slow disk, a loaded machine) makes every process pay
+a large fixed cost, which flatters the ratios to the other tools but not the one to the floor.
+The machine's load average is printed before and after.
 
 Every command runs with Python's default bytecode cache (``PYTHONDONTWRITEBYTECODE`` removed
 from its environment) after one warm-up run, as on a user's machine: a ``pip install`` compiles
@@ -69,9 +72,10 @@ def main() -> None:
     floor = [sys.executable, "-c", "import torch"]
     cache = "off (PYTHONDONTWRITEBYTECODE)" if ENV.get("PYTHONDONTWRITEBYTECODE") else "on"
     print(f"# whole processes, median of {args.runs} interleaved runs (wall s); python {sys.version.split()[0]}; "
-          f"bytecode cache {cache}")
-    print("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / fvcore | archscan / FlopCounterMode")
-    print("|".join(["---"] * 7))
+          f"bytecode cache {cache}; load average {os.getloadavg()[0]:.2f} (1 min) before")
+    print("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / import torch | "
+          "archscan / fvcore | archscan / FlopCounterMode")
+    print("|".join(["---"] * 8))
     for name in args.models.split(","):
         commands = {
             "floor": floor,
@@ -87,8 +91,10 @@ def main() -> None:
                 times[key].append(wall(cmd))
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{name} | {med['floor']:.2f} | {med['archscan']:.2f} | {med['fvcore']:.2f} | {med['counter']:.2f} | "
-              f"{med['archscan'] / med['fvcore']:.2f}x | {med['archscan'] / med['counter']:.2f}x")
+              f"{med['archscan'] / med['floor']:.2f}x | {med['archscan'] / med['fvcore']:.2f}x | "
+              f"{med['archscan'] / med['counter']:.2f}x")
         sys.stdout.flush()
+    print(f"# load average {os.getloadavg()[0]:.2f} (1 min) after")
 
 
 if __name__ == "__main__":
