@@ -139,7 +139,6 @@ def attention_backend(capability: tuple[int, int], q: torch.Tensor, k: torch.Ten
     d_qk, d_v = q.shape[-1], v.shape[-1]
     s_q, s_k = q.shape[-2], k.shape[-2]
     dims4 = q.dim() == 4 and k.dim() == 4 and v.dim() == 4
-    same_heads = dims4 and q.shape[1] == k.shape[1]
     gqa_ok = dims4 and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
     stride1 = all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (q, k, v))
     order = ["cudnn", "flash", "efficient"] if major in (9, 10) else ["flash", "efficient"]

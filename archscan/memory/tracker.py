@@ -108,7 +108,7 @@ class MemoryTracker(TorchDispatchMode):
         self.where = where
 
     def _add(self, t: torch.Tensor, category: str, phase: str, op: str) -> bool:
-        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):  # a DTensor holds the bytes of its local tensor
+        if _is_wrapper(t):  # a DTensor holds the bytes of its local tensor
             return any([self._add(u, category, phase, op) for u in _inner(t)])
         try:
             storage = t.untyped_storage()
@@ -153,15 +153,13 @@ class MemoryTracker(TorchDispatchMode):
             self._add(t, "inputs", "before", "")  # made outside the run and not registered: a constant
         out = run_op(func, args, kwargs)
         made = self.phase == "forward" and "activations" or "temporaries"
-        new = [self._add(t, made, self.phase, str(func.overloadpacket.__name__)) for t in tensors_in(out)]
+        name = str(func.overloadpacket.__name__)
+        new = [self._add(t, made, self.phase, name) for t in tensors_in(out)]
         extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0
         if any(new) or extra:  # the timeline's steps are the ops that allocate (others change nothing)
             self.ops += 1
         scratch = self._scratch(extra, func) if extra else None  # made and freed inside the kernel
-        if self.bytes + extra > self.phase_peaks.get(self.phase, 0):
-            self.phase_peaks[self.phase] = self.bytes + extra
-        if self.bytes + extra > self.peak.bytes:
-            self._new_peak(str(func.overloadpacket.__name__), extra)
+        self._reached(name, extra)
         if scratch is not None:
             self.log.append((False, scratch, self.ops, self.phase))
         return out
@@ -187,10 +185,16 @@ class MemoryTracker(TorchDispatchMode):
         self.bytes += nbytes - old.nbytes
         if nbytes > old.nbytes:
             self.ops += 1
-            if self.bytes > self.phase_peaks.get(self.phase, 0):
-                self.phase_peaks[self.phase] = self.bytes
-            if self.bytes > self.peak.bytes:
-                self._new_peak("resize_", 0)
+            self._reached("resize_")
+
+    def _reached(self, op: str, extra: int = 0) -> None:
+        """The bytes live now, with ``extra`` bytes of a kernel's scratch: its phase's highest yet,
+        the run's peak."""
+        now = self.bytes + extra
+        if now > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = now
+        if now > self.peak.bytes:
+            self._new_peak(op, extra)
 
     def _scratch(self, nbytes: int, func) -> _Storage:
         self.serials += 1
@@ -270,17 +274,22 @@ class MemoryTracker(TorchDispatchMode):
 def wrapped(args, kwargs) -> bool:
     """Does an op take a wrapper tensor subclass (a DTensor) other than a fake tensor? Its
     ``__torch_dispatch__`` runs the op on the tensors it wraps, which is what allocates."""
-    return any(type(t) not in _PLAIN and is_traceable_wrapper_subclass(t) for t in tensors_in((args, kwargs)))
+    return any(_is_wrapper(t) for t in tensors_in((args, kwargs)))
 
 
 _PLAIN = {FakeTensor, torch.Tensor, torch.nn.Parameter}
+
+
+def _is_wrapper(t: torch.Tensor) -> bool:
+    """A wrapper subclass (a DTensor), not a fake or plain tensor (checked first: they are most)."""
+    return type(t) not in _PLAIN and is_traceable_wrapper_subclass(t)
 
 
 def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors that hold storage: a DTensor's local tensor in its place."""
     out = []
     for t in tensors:
-        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+        if _is_wrapper(t):
             out.extend(local_tensors(_inner(t)))
         else:
             out.append(t)

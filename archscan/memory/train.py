@@ -303,9 +303,14 @@ def _warm(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def under(name: str, prefix: str) -> bool:
+    """Is the parameter ``name`` under the module path ``prefix`` (``--freeze``'s rule)?"""
+    return name == prefix or name.startswith(prefix.rstrip(".") + ".")
+
+
 def _freeze(model: nn.Module, prefixes: Sequence[str]) -> None:
     for prefix in prefixes:
-        hit = [p for name, p in model.named_parameters() if name == prefix or name.startswith(prefix.rstrip(".") + ".")]
+        hit = [p for name, p in model.named_parameters() if under(name, prefix)]
         if not hit:
             raise ArchscanError(f"--freeze {prefix} matches no parameter",
                                 hint="give a module path prefix, as `archscan MODEL` lists them (e.g. --freeze layer1)")
@@ -447,7 +452,6 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
             "backward_forward_ratio": phases["backward"]["flops"] / forward if forward else None}
 
 
-
 def backward_category(func, args, category: str) -> str:
     """A convolution's backward filed by its groups, as its forward is (``conv``, ``depthwise_conv``,
     ``grouped_conv``: their kernels differ, cuDNN's depthwise backward most); ``category`` otherwise."""
@@ -457,6 +461,7 @@ def backward_category(func, args, category: str) -> str:
     # dilation, transposed, output_padding, groups, output_mask)
     groups, channels = int(args[9]), int(args[1].shape[1])
     return "conv" if groups == 1 else "depthwise_conv" if groups == channels else "grouped_conv"
+
 
 def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
     """Why the backward is not twice the forward, in multiply-adds against 2 × forward: layers that

@@ -229,19 +229,31 @@ def _tree(nbytes: float, span: _Span, ic: Interconnect) -> _Way:
     return _Way("tree", 2 * nbytes, max(chain_s, nic_s), latency_us * US)
 
 
+def collective_size(kind: str, send_bytes: int, recv_bytes: int) -> int:
+    """The ``nbytes`` ``collective_time`` takes, from one call's buffers on a rank: an all-gather's
+    output, the input of the others."""
+    return recv_bytes if kind == "all_gather" else send_bytes
+
+
+def bus_bytes(kind: str, nbytes: float, n: int) -> float:
+    """What one rank sends for a collective of ``nbytes`` over ``n`` ranks: nccl-tests' bus bytes
+    (the table in the module docstring)."""
+    if n <= 1:
+        return 0.0
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0}.get(kind, (n - 1) / n) * nbytes
+
+
 def _gather_or_scatter(nbytes: float, span: _Span, ic: Interconnect) -> list[_Way]:
-    n = span.ranks
-    return [_ring((n - 1) / n * nbytes, 1, span, ic)]
+    return [_ring(bus_bytes("all_gather", nbytes, span.ranks), 1, span, ic)]
 
 
 def _all_reduce(nbytes: float, span: _Span, ic: Interconnect) -> list[_Way]:
-    n = span.ranks
-    ring = _ring(2 * (n - 1) / n * nbytes, 2, span, ic)
+    ring = _ring(bus_bytes("all_reduce", nbytes, span.ranks), 2, span, ic)
     return [ring, _tree(nbytes, span, ic)] if span.nodes > 1 else [ring]
 
 
 def _broadcast(nbytes: float, span: _Span, ic: Interconnect) -> list[_Way]:
-    return [_ring(nbytes, 1, span, ic)]
+    return [_ring(bus_bytes("broadcast", nbytes, span.ranks), 1, span, ic)]
 
 
 def _all_to_all(nbytes: float, span: _Span, ic: Interconnect) -> list[_Way]:
@@ -249,7 +261,7 @@ def _all_to_all(nbytes: float, span: _Span, ic: Interconnect) -> list[_Way]:
     rate = GB * ic.efficiency
     transfer_s = max((k - 1) / n * nbytes / (ic.intra_gbs * rate), (n - k) / n * nbytes / (ic.inter_gbs * rate))
     latency_us = (k - 1) * ic.intra_latency_us + (n - k) * ic.inter_latency_us
-    return [_Way("p2p", (n - 1) / n * nbytes, transfer_s, latency_us * US)]
+    return [_Way("p2p", bus_bytes("all_to_all", nbytes, n), transfer_s, latency_us * US)]
 
 
 # kind -> the algorithms NCCL may run it with

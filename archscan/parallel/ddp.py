@@ -19,22 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..load.building import make_call
 from ..load.targets import InputSpec, ModelTarget
-from ..memory import summary
-from ..memory.train import (
-    TrainOptions,
-    _analysed_step,
-    _costs,
-    _restored,
-    check_trainable,
-    fake_model,
-)
+from ..memory.scratch import nbytes
+from ..memory.train import TrainOptions, _analysed_step, _restored, check_trainable, fake_model, under
 from .spec import ParallelSpec
-from .step import ParallelTracker, collective_rows
+from .step import ParallelTracker, step_section
 
 BROADCAST_BUCKET_BYTES = 250 * 2**20  # DDP's broadcast_bucket_size for buffers
 
@@ -48,7 +40,7 @@ def bucket_bytes(params: Sequence[torch.Tensor], cap_mb: float | None) -> list[i
     cap = int((cap_mb if cap_mb is not None else 25) * 2**20)
     caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, cap] if cap_mb is None else [cap]
     buckets, _ = dist._compute_bucket_assignment_by_size(list(params), caps)
-    return [sum(params[i].numel() * params[i].element_size() for i in bucket) for bucket in buckets]
+    return [sum(nbytes(params[i]) for i in bucket) for bucket in buckets]
 
 
 def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOptions, spec: ParallelSpec,
@@ -57,7 +49,8 @@ def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOpti
     check_trainable(target)
     model = fake_model(target, specs, kwargs, dtype)
     fake_mode: FakeTensorMode = next(t.fake_mode for t in model.parameters())
-    trainable = [p for p in model.parameters() if p.requires_grad and not _frozen(p, model, options)]
+    trainable = [p for name, p in model.named_parameters()  # what --freeze leaves (the step freezes inside itself)
+                 if p.requires_grad and not any(under(name, prefix) for prefix in options.freeze)]
     by_dtype: dict[torch.dtype, int] = {}
     for p in trainable:
         by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
@@ -77,22 +70,13 @@ def ddp_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOpti
     for size in bucket_bytes(ready, spec.bucket_mb):
         tracker.collectives.append(("all_reduce", "ddp.allreduce (bucket)", "backward", "", spec.ddp, size, size,
                                     str(ready[0].dtype).removeprefix("torch."), "ddp"))
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    buffers = sum(nbytes(b) for b in model.buffers())
     while buffers > 0:
         chunk = min(buffers, BROADCAST_BUCKET_BYTES)
         tracker.collectives.append(("broadcast", "ddp.broadcast (buffers)", "forward", "", spec.ddp, chunk, chunk, "mixed",
                                     "ddp"))
         buffers -= chunk
-    costs = _costs(tracker, grad_keys=tracker.serials_of(grads))
     del buckets
     buckets_said = "buckets of 25 MiB (the first of 1 MiB)" if spec.bucket_mb is None else f"buckets of {spec.bucket_mb:g} MiB"
-    return {"plan": f"DDP, {buckets_said}, modelled on one device's step",
-            "rank": 0, "ranks_alike": True, "worst_rank": 0, "memory": summary(tracker),
-            "collectives": collective_rows(tracker.collectives),
-            "phases": costs["phases"], "uncounted": costs["uncounted"], "op_classes": costs["op_classes"]}
+    return step_section(tracker, grads, f"DDP, {buckets_said}, modelled on one device's step", alike=True)
 
-
-def _frozen(p: nn.Parameter, model: nn.Module, options: TrainOptions) -> bool:
-    """Is ``p`` frozen by ``--freeze`` (the step freezes it only later, inside itself)?"""
-    names = [n for n, q in model.named_parameters() if q is p]
-    return any(n == f or n.startswith(f.rstrip(".") + ".") for n in names for f in options.freeze)

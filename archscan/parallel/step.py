@@ -32,7 +32,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..errors import ArchscanError
 from ..load.building import build_meta, make_call
 from ..load.targets import InputSpec, ModelTarget
+from ..load.recording import first_tensor
 from ..memory import summary
+from ..memory.scratch import nbytes
 from ..memory.tracker import CATEGORIES
 from ..memory.train import (
     AMP,
@@ -43,6 +45,7 @@ from ..memory.train import (
     _StepTracker,
     check_trainable,
 )
+from .comm import bus_bytes, collective_size
 from .plans import parallelize
 from .spec import ParallelSpec
 from .world import fake_world, group_of, mesh_groups
@@ -92,7 +95,7 @@ class ParallelTracker(_StepTracker):
             if name not in _C10D:
                 return out
             kind, send_at, recv_at = _C10D[name]
-            send, recv = _first_tensor(args[send_at]), _first_tensor(args[recv_at])
+            send, recv = first_tensor(args[send_at]), first_tensor(args[recv_at])
             size, group = next((g for g in (group_of(a) for a in args if isinstance(a, torch.ScriptObject)) if g[0]),
                                (None, None))
             self._label(kind, send, recv)
@@ -107,7 +110,7 @@ class ParallelTracker(_StepTracker):
         if size is None:
             size = max(recv.numel() // max(send.numel(), 1), send.numel() // max(recv.numel(), 1))
         self.collectives.append((kind, f"{func.namespace}.{name}", self.phase, self.where if isinstance(self.where, str) else "",
-                                 size, _bytes(send), _bytes(recv), str(send.dtype).removeprefix("torch."),
+                                 size, nbytes(send), nbytes(recv), str(send.dtype).removeprefix("torch."),
                                  self.group_dims.get(group, "world")))
         return out
 
@@ -117,18 +120,6 @@ class ParallelTracker(_StepTracker):
         record = self.record_of(buffer) if buffer is not None else None
         if record is not None and record.category in ("activations", "temporaries"):
             record.category = "allgather_buffers" if kind == "all_gather" else "reduce_scatter_buffers"
-
-
-def _first_tensor(x):
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-        return x[0]
-    return None
-
-
-def _bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 @contextlib.contextmanager
@@ -207,10 +198,14 @@ def parallel_step(target: ModelTarget, specs: Sequence[InputSpec], options: Trai
             tracker, grads = _analysed_step(model, make_call(specs, dtype, fake_mode), options, fake_mode, target,
                                             "on fake tensors", tracker=tracker, runtime=distributed_runtime)
         alike = ranks_alike(model)
+    return step_section(tracker, grads, applied, alike)
+
+
+def step_section(tracker: ParallelTracker, grads: list, plan: str, alike: bool) -> dict:
+    """Rank 0's settled step as the ``parallel`` section holds it: the plan, its memory, its
+    collectives grouped, its costs per phase."""
     costs = _costs(tracker, grad_keys=tracker.serials_of(grads))
-    return {"plan": applied, "rank": 0, "ranks_alike": alike,
-            "worst_rank": 0,
-            "memory": summary(tracker),
+    return {"plan": plan, "rank": 0, "ranks_alike": alike, "worst_rank": 0, "memory": summary(tracker),
             "collectives": collective_rows(tracker.collectives),
             "phases": costs["phases"], "uncounted": costs["uncounted"], "op_classes": costs["op_classes"]}
 
@@ -218,12 +213,8 @@ def parallel_step(target: ModelTarget, specs: Sequence[InputSpec], options: Trai
 def wire_bytes(kind: str, send: int, recv: int, group: int) -> int:
     """Bytes one rank sends (and receives) for one call under NCCL's ring algorithm: (n−1)/n of the
     whole for an all-gather (its output), a reduce-scatter (its input) or an all-to-all; 2(n−1)/n of
-    the buffer for an all-reduce; the buffer once for a broadcast (nccl-tests' bus bytes)."""
-    if group <= 1:
-        return 0
-    whole = {"all_gather": recv, "reduce_scatter": send}.get(kind, send)
-    factor = {"all_reduce": 2 * (group - 1) / group, "broadcast": 1.0}.get(kind, (group - 1) / group)
-    return round(whole * factor)
+    the buffer for an all-reduce; the buffer once for a broadcast (``comm.bus_bytes``)."""
+    return round(bus_bytes(kind, collective_size(kind, send, recv), group))
 
 
 def collective_rows(collectives: list[tuple]) -> list[dict]:

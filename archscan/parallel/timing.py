@@ -19,16 +19,10 @@ from __future__ import annotations
 
 from ..devices.gpus import GPU
 from ..measure.gpu import training_ms
-from .comm import Interconnect, collective_time, group_span
+from .comm import Interconnect, collective_size, collective_time, group_span
 
 # collectives the step's compute can hide: FSDP2's (c10d ops) and DDP's; DTensor's functional ones are exposed
 OVERLAPPABLE = ("c10d.", "ddp.")
-
-
-def collective_bytes(row: dict) -> int:
-    """The size ``comm.collective_time`` takes: an all-gather's output, a reduce-scatter's input,
-    the buffer of the others."""
-    return row["recv_bytes"] if row["kind"] == "all_gather" else row["send_bytes"]
 
 
 def step_time(step: dict, gpu: GPU, interconnect: Interconnect, mesh: dict[str, int]) -> dict | None:
@@ -44,7 +38,8 @@ def step_time(step: dict, gpu: GPU, interconnect: Interconnect, mesh: dict[str, 
         dim = row["mesh_dim"]
         per_node = interconnect.gpus_per_node
         nodes = group_span(mesh, dim, per_node)[0] if dim in mesh else -(-row["group_size"] // per_node)
-        one = collective_time(row["kind"], collective_bytes(row), row["group_size"], interconnect, nodes)
+        size = collective_size(row["kind"], row["send_bytes"], row["recv_bytes"])
+        one = collective_time(row["kind"], size, row["group_size"], interconnect, nodes)
         row["ms"] = one["seconds"] * 1e3 * row["count"]
         row["link"], row["algorithm"] = one["link"], one["algorithm"]
         phase = phases.setdefault(row["phase"], {"compute_ms": 0.0, "exposed_comm_ms": 0.0, "overlappable_comm_ms": 0.0})

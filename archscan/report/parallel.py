@@ -27,12 +27,17 @@ def collective_groups(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def _micro(section: dict) -> str:
+    """One rank's micro-batch: its inputs' shapes."""
+    return ", ".join("×".join(map(str, i["shape"])) for i in section["micro_batch"])
+
+
 def parallel_lines(section: dict, memory_line) -> list[str]:
     """Lines for the terminal report; ``memory_line(label, memory)`` renders a peak as the rest of
     the report does."""
     if section.get("candidates") is not None:
         return _search_lines(section)
-    micro = ", ".join("×".join(map(str, i["shape"])) for i in section["micro_batch"])
+    micro = _micro(section)
     lines = [(f"parallel   {section['spec']} ({section['world_size']} ranks, {section['data_parallel']} data-parallel; "
              f"micro-batch {micro} per rank): {section['plan']}"),
              memory_line("rank 0     ", section["memory"])]
@@ -59,7 +64,7 @@ def parallel_lines(section: dict, memory_line) -> list[str]:
 
 
 def _search_lines(section: dict) -> list[str]:
-    micro = ", ".join("×".join(map(str, i["shape"])) for i in section["micro_batch"])
+    micro = _micro(section)
     lines = [(f"parallel   {section['spec']}: meshes of {section['world_size']} GPUs at micro-batch {micro} per rank "
              f"in {section['budget']['label']}, ranked by {section['ranked_by']}")]
     for row in section["candidates"]:
