@@ -300,9 +300,10 @@ def test_every_rank_of_a_real_gloo_run(tmp_path, target, kwargs, spec, shape, ra
     assert done.returncode == 0, done.stderr[-3000:]
     got = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(ranks)]
     ours = _section(target, kwargs, spec, shape)["memory"]["peak_bytes"]
-    # FSDP2: every rank to the byte, run after run; DDP: up to a few KiB more on a gloo rank, varying
-    # from run to run (gloo's worker threads allocate small blocks outside the collective's own scope)
-    assert [g["without_gloo_buffers"] for g in got] == [pytest.approx(ours, rel=1e-4)] * ranks
+    # FSDP2: every rank to the byte, run after run; DDP: 0 to 40 KiB more on a gloo rank (seen over
+    # 8 runs), varying from run to run (gloo's worker threads allocate and free small blocks outside
+    # the collective's own scope): within 0.1%
+    assert [g["without_gloo_buffers"] for g in got] == [pytest.approx(ours, rel=1e-3)] * ranks
     assert all(g["peak_bytes"] >= ours for g in got)
 
 
