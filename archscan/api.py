@@ -19,7 +19,7 @@ from .capture import collector_paused, seeded_rng
 from .errors import ArchscanError, DeviceError
 from .load.frames import exit_error
 from .isolation import isolated
-from .load.building import with_build
+from .load.building import on_meta, with_build
 from .load.targets import InputLike, check_kwargs, input_specs, model_dtype, to_target
 from .memory.gpu import CPU, Execution, execution_for, executing, limited, of_device, of_gpu
 from .memory.train import TrainOptions, check_trainable, train_step
@@ -335,7 +335,9 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
                      observers=observers)
     report, captured = found.report, found.captured
     grouping = captured.observed.get(observers[0].key) if observers else None
-    build = (target, specs, kwargs, dtype) + ((captured.model, grouping) if captured.fake else (None, None))
+    direct = captured.kind == "fx" and on_meta(captured.model)  # a cut copy runs the same graph
+    build = (target, specs, kwargs, dtype) + ((captured.model, grouping, captured.gm.graph if direct else None)
+                                              if captured.fake else (None, None, None))
     try:
         real = None if captured.fake else captured.model
         report, profile = _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real)
@@ -409,16 +411,17 @@ def _verify_fusion(report: Report, target, specs, kwargs, dtype, options) -> Rep
     return dataclasses.replace(report, recommendations=recs)
 
 
-def _advise(report: Report, selected: list[str], profile, advise: bool, build=(None, (), None, None, None, None)) -> Report:
+def _advise(report: Report, selected: list[str], profile, advise: bool,
+            build=(None, (), None, None, None, None, None)) -> Report:
     """Findings, then the recommendations that answer them (one graph view for both); ``build``:
-    (target, specs, kwargs, dtype, the fake or meta model, its channel groups or None), for the
-    recommenders that count changed copies of it."""
+    (target, specs, kwargs, dtype, the fake or meta model, its channel groups or None, the fx
+    graph of its direct run or None), for the recommenders that count changed copies of it."""
     if not selected and not advise:
         return report
     report, ctx = check_rules(report, selected)
-    target, specs, kwargs, dtype, model, grouping = build
+    target, specs, kwargs, dtype, model, grouping, graph = build
     return _recommend(report, profile, rules=ctx, target=target, specs=specs, kwargs=kwargs, dtype=dtype,
-                      model=model, grouping=grouping) if advise else report
+                      model=model, grouping=grouping, graph=graph) if advise else report
 
 
 def _measure_and_predict(report, target, specs, kwargs, dtype, options, profile, real=None):

@@ -6,7 +6,9 @@ each figure is the median of ``--runs`` wall-clock times, and the ratios are arc
 over the other tool's. The floor, `python -c "import torch"`, runs among them and archscan's
 ratio to it is printed too: a slow hour (a slow disk, a loaded machine) makes every process pay
 a large fixed cost, which flatters the ratios to the other tools but not the one to the floor.
-The machine's load average is printed before and after.
+The machine's load average is printed before and after. A second table gives the same
+processes' CPU seconds (user + system, from ``getrusage``): a disk that keeps a process waiting
+adds to its wall time, not to its CPU time, so that table holds in a slow hour too.
 
 Every command runs with Python's default bytecode cache (``PYTHONDONTWRITEBYTECODE`` removed
 from its environment) after one warm-up run, as on a user's machine: a ``pip install`` compiles
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -54,10 +57,22 @@ print(counter.get_total_flops() // 2)
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def wall(cmd: list[str]) -> float:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wall(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    start, cpu = time.perf_counter(), _children_cpu()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=ENV)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu() - cpu
+
+
+def row(name: str, med: dict) -> str:
+    return (f"{name} | {med['floor']:.2f} | {med['archscan']:.2f} | {med['fvcore']:.2f} | {med['counter']:.2f} | "
+            f"{med['archscan'] / med['floor']:.2f}x | {med['archscan'] / med['fvcore']:.2f}x | "
+            f"{med['archscan'] / med['counter']:.2f}x")
 
 
 def main() -> None:
@@ -73,9 +88,10 @@ def main() -> None:
     cache = "off (PYTHONDONTWRITEBYTECODE)" if ENV.get("PYTHONDONTWRITEBYTECODE") else "on"
     print(f"# whole processes, median of {args.runs} interleaved runs (wall s); python {sys.version.split()[0]}; "
           f"bytecode cache {cache}; load average {os.getloadavg()[0]:.2f} (1 min) before")
-    print("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / import torch | "
-          "archscan / fvcore | archscan / FlopCounterMode")
-    print("|".join(["---"] * 8))
+    header = ("model | import torch | archscan | fvcore | FlopCounterMode (meta) | archscan / import torch | "
+              "archscan / fvcore | archscan / FlopCounterMode\n" + "|".join(["---"] * 8))
+    print(header)
+    cpu_rows = []
     for name in args.models.split(","):
         commands = {
             "floor": floor,
@@ -86,15 +102,19 @@ def main() -> None:
         for cmd in commands.values():  # warm the page cache
             wall(cmd)
         times: dict[str, list[float]] = {k: [] for k in commands}
+        cpu: dict[str, list[float]] = {k: [] for k in commands}
         for _ in range(args.runs):
             for key, cmd in commands.items():
-                times[key].append(wall(cmd))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{name} | {med['floor']:.2f} | {med['archscan']:.2f} | {med['fvcore']:.2f} | {med['counter']:.2f} | "
-              f"{med['archscan'] / med['floor']:.2f}x | {med['archscan'] / med['fvcore']:.2f}x | "
-              f"{med['archscan'] / med['counter']:.2f}x")
+                w, c = wall(cmd)
+                times[key].append(w)
+                cpu[key].append(c)
+        print(row(name, {k: statistics.median(v) for k, v in times.items()}))
+        cpu_rows.append(row(name, {k: statistics.median(v) for k, v in cpu.items()}))
         sys.stdout.flush()
     print(f"# load average {os.getloadavg()[0]:.2f} (1 min) after")
+    print(f"# the same processes' CPU seconds (user + system), median of {args.runs}")
+    print(header)
+    print("\n".join(cpu_rows))
 
 
 if __name__ == "__main__":

@@ -583,6 +583,50 @@ def test_scan_prune_recommendation_matches_prune():
         assert result.before[key] - result.after[key] == rec.estimated_saving[key], key
 
 
+
+class _Scaled(nn.Module):
+    """A block whose own parameter (fx reads it with get_attr, not as a call) is cut with its convs."""
+
+    def __init__(self, c: int = 32):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, 16, 1)
+        self.scale = nn.Parameter(torch.ones(c))
+        self.width = c  # a Python int fx bakes into the graph: a cut leaves it, a trace again too
+
+    def forward(self, x):
+        y = self.conv1(x) * self.scale.view(1, -1, 1, 1)
+        return self.conv2(torch.relu(y)).flatten(1)[:, : self.width]
+
+
+@pytest.mark.parametrize("model", ["zoo:resnet18", "zoo:mobilenet_v2", "zoo:vit_b_16", "scaled"])
+def test_cut_copies_run_the_scans_graph_as_a_trace_of_them_would(model):
+    """The recommendation counts each cut copy on the uncut model's fx graph (no trace): every cut's
+    totals equal those of the copy traced again."""
+    from archscan.analysis import analysis
+    from archscan.prune import params_removed, predict
+
+    target = to_target(_Scaled() if model == "scaled" else model)
+    specs = input_specs("1,3,224,224" if "vit" in model else "1,3,32,32")
+    found = analysis(target, specs, memory=False)
+    assert found.captured.kind == "fx"
+    gs = analyse(target, specs, model=found.captured.model)
+    cuts = plan(gs, 0.3)
+    cuts.sort(key=lambda c: -params_removed(c[0], len(c[1]), gs.param_shapes, gs.buffers))
+    compared = 0
+    for cut in cuts[:4]:
+        try:
+            traced = predict(target, specs, [cut], model=found.captured.model, quick=True)
+        except ArchscanError:
+            with pytest.raises(ArchscanError):
+                predict(target, specs, [cut], model=found.captured.model, quick=True, graph=found.captured.gm.graph)
+            continue
+        assert predict(target, specs, [cut], model=found.captured.model, quick=True,
+                       graph=found.captured.gm.graph) == traced
+        compared += 1
+    assert compared >= 1
+    if model == "scaled":  # the block's own parameter was among the cuts
+        assert any("scale" in m.param for c, _ in cuts for m in c.members)
+
 def test_python_prune_recommendation_is_runnable():
     model = zoo.create_model("resnet18").eval()
     report = archscan.scan(model, INPUTS["resnet18"])

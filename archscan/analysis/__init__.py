@@ -47,18 +47,22 @@ class Analysis:
 def analyse(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
             inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
             dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
-            rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True) -> Report:
+            rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True,
+            graph: torch.fx.Graph | None = None) -> Report:
     """Count a model (params, FLOPs, MAC per layer) and check the rules, with no measurement,
     prediction or recommendation: ``analysis(...).report``. Arguments as for ``analysis``; the
-    stages that count changed copies of a model leave their memory out (``memory=False``)."""
+    stages that count changed copies of a model leave their memory out (``memory=False``) and may
+    hand in the graph the copy traces to (``graph``, with ``capture_method="direct"``:
+    ``archscan.capture.capture``)."""
     return analysis(model, inputs, kwargs=kwargs, dtype=dtype, capture_method=capture_method, name=name,
-                    rules=rules, observers=observers, memory=memory).report
+                    rules=rules, observers=observers, memory=memory, graph=graph).report
 
 
 def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
              inputs: Sequence[InputLike] | InputLike, *, kwargs: dict | None = None,
              dtype: torch.dtype | str | None = None, capture_method: str = "auto", name: str | None = None,
-             rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True) -> Analysis:
+             rules: Sequence[str] | None = (), observers: Sequence[Observer] = (), memory: bool = True,
+             graph: torch.fx.Graph | None = None) -> Analysis:
     """Capture and cost a model, build its report and check the rules.
 
     Args:
@@ -68,6 +72,7 @@ def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
             measuring.
         observers: what rides the capture's run (``archscan.capture.Observer``).
         memory: find the inference forward's memory (``Report.memory``, ``archscan.memory``).
+        graph: the fx graph to run instead of a trace (``archscan.capture.capture``).
     """
     dtype = model_dtype(dtype)
     specs = input_specs(inputs, dtype)
@@ -77,7 +82,7 @@ def analysis(model: nn.Module | Callable[..., nn.Module] | str | ModelTarget,
     try:
         with seeded_rng():
             captured = capture(target, specs, kwargs or {}, dtype, capture_method,
-                               (MemoryObserver(), *observers) if memory else observers)
+                               (MemoryObserver(), *observers) if memory else observers, graph)
             report = build_report(captured, name or target.name, specs, dtype, memory)
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None

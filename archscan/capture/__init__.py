@@ -34,6 +34,7 @@ Modules: this ``__init__`` (the order of attempts, fx, export, the recording on 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import inspect
@@ -294,7 +295,8 @@ def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = ()) -
 # --- the entry point -----------------------------------------------------------------------------------
 
 def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None = None,
-            dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = ()) -> Captured:
+            dtype: torch.dtype | None = None, method: str = "auto", observers: Sequence[Observer] = (),
+            graph: torch.fx.Graph | None = None) -> Captured:
     """Capture and cost a model (see module docstring).
 
     ``auto`` tries fx, then (when fx fails) one forward pass recorded (in a direct run, else on
@@ -313,13 +315,17 @@ def capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict | None
             goes without where that cannot (``archscan.recommend``'s cut copies).
         observers: what rides the run (``Observer``), each found in ``Captured.observed`` where a
             direct run or the recording on fake tensors ran it.
+        graph: with ``direct``, the fx graph of a model of the same structure, run instead of
+            tracing this one again: a copy whose changes fx does not trace through (channels cut
+            from torch.nn layers, which fx keeps as calls; their weights, read by ``get_attr``,
+            are taken from this model) traces to the same graph.
     """
     with capture_context():
-        return _capture(target, specs, kwargs or {}, dtype, method, observers)
+        return _capture(target, specs, kwargs or {}, dtype, method, observers, graph)
 
 
 def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtype: torch.dtype | None,
-             method: str, observers: Sequence[Observer] = ()) -> Captured:
+             method: str, observers: Sequence[Observer] = (), graph: torch.fx.Graph | None = None) -> Captured:
     meta = _meta_model(target, kwargs, specs) if method in ("auto", "fx", "eager", "direct") \
         and _direct_allowed(target, specs, dtype) else None
     hooks = strip_user_hooks(meta) if meta is not None else None
@@ -327,7 +333,8 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     direct_recording = None
     if meta is not None:
         training = _was_training(target)
-        captured = _try_direct(meta, specs, hooks, observers, failures, training) if method != "eager" else None
+        captured = _try_direct(meta, specs, hooks, observers, failures, training,
+                               graph if method == "direct" else None) if method != "eager" else None
         if captured is not None:
             return captured
         if method == "eager" or (method == "auto" and "fx" in failures):
@@ -445,9 +452,24 @@ def state_kept(model: nn.Module):
                 del state[k]
             for k, (value, contents) in attrs.items():
                 state[k] = value
-                if contents is not None:
-                    value.clear()
-                    (value.extend if isinstance(value, list) else value.update)(contents)
+                if contents is not None and not _same_contents(value, contents):
+                    try:
+                        value.clear()
+                        (value.extend if isinstance(value, list) else value.update)(contents)
+                    except Exception:  # a container that refuses changes (diffusers' FrozenDict) and was
+                        state[k] = contents  # changed all the same: the module gets its old contents back
+
+
+def _same_contents(value, contents) -> bool:
+    """Does a container hold what it held (the same objects)? Only a changed one is refilled: a
+    frozen one (diffusers' ``FrozenDict`` config) refuses ``clear`` and ``update``."""
+    if len(value) != len(contents):
+        return False
+    if isinstance(value, dict):
+        return all(k in value and value[k] is v for k, v in contents.items())
+    if isinstance(value, list):
+        return all(a is b for a, b in zip(value, contents))
+    return all(x in value for x in contents)  # a set: hashed (a tensor by its identity)
 
 
 def _direct_allowed(target: ModelTarget, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> bool:
@@ -475,19 +497,26 @@ def _meta_model(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec]) -
 
 
 def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
-                observers: Sequence[Observer] = (), failures: dict | None = None, training: bool = False) -> Captured | None:
+                observers: Sequence[Observer] = (), failures: dict | None = None, training: bool = False,
+                graph: torch.fx.Graph | None = None) -> Captured | None:
     """The fx capture of a meta-device ``model`` costed in a direct run (``archscan.capture.direct``: CPU
     activations, meta weights), or None where that cannot give the fake path's answer cheaply:
     the fake path then runs (and says what is wrong, if anything is). Why fx could not trace
-    the model goes in ``failures["fx"]``."""
+    the model goes in ``failures["fx"]``. ``graph``: the traced graph to run instead (``capture``)."""
     try:
         _check_arity(model, specs)
         call = make_call(specs, None)
     except Exception:
         return None
     try:
-        with quiet(), state_kept(model):  # tracing runs forward's Python (RWKV rescales its weights once)
-            gm = trace_fx(model, call)
+        if graph is not None:  # a copy, its nodes not yet annotated: the run annotates them
+            copied = copy.deepcopy(graph)
+            for node in copied.nodes:
+                node.meta.pop("archscan", None)
+            gm = graph_module(model, copied, model.__class__.__name__)
+        else:
+            with quiet(), state_kept(model):  # tracing runs forward's Python (RWKV rescales its weights once)
+                gm = trace_fx(model, call)
     except Exception as exc:
         if failures is not None:
             failures["fx"] = short(exc)

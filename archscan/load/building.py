@@ -7,6 +7,8 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -347,29 +349,65 @@ def global_hooks_set_aside():
             getattr(hooks, name).update(value)
 
 
-def _kept_hook(hook) -> bool:
-    """Hooks that compute what forward uses are part of the model: torch's own hook objects
-    (``weight_norm``, ``spectral_norm``, ``torch.nn.utils.prune``), and torch.distributed's
-    (FSDP2's all-gathers, tensor parallel's input and output layouts)."""
+def _hook_function(hook):
     while isinstance(hook, functools.partial):
         hook = hook.func
+    return hook
+
+
+def _package(name: str | None) -> str:
+    return (name or "").partition(".")[0]
+
+
+def _kept_hook(hook, owners: set[str]) -> bool:
+    """Hooks that compute what forward uses are part of the model:
+
+    * torch's own hook objects (``weight_norm``, ``spectral_norm``, ``torch.nn.utils.prune``) and
+      torch.distributed's (FSDP2's all-gathers, tensor parallel's input and output layouts);
+    * hooks a library installs on its own models: defined in an installed package (``owners``)
+      that the hooked module's class or one of its parents' comes from (transformers 5 collects
+      the hidden states a vision-language model's projector reads with forward hooks on its
+      layers; timm's feature extraction hooks torch.nn layers of its models).
+
+    A hook from the user's own code (a script, a model file, a package not installed under
+    site-packages) or from a package other than the module's is the user's: it is set aside."""
+    hook = _hook_function(hook)
     owner = hook.__self__ if hasattr(hook, "__self__") else hook
-    if (getattr(hook, "__module__", None) or "").startswith("torch.distributed"):
+    defined = getattr(hook, "__module__", None) if owner is hook else type(owner).__module__
+    if (defined or "").startswith("torch.distributed") or \
+            (type(owner).__module__ or "").startswith(("torch.nn.utils", "torch.distributed")):
         return True
-    return (type(owner).__module__ or "").startswith(("torch.nn.utils", "torch.distributed"))
+    package = _package(defined)
+    return package in owners and package not in ("torch", "archscan") and _installed(package)
+
+
+def _installed(package: str) -> bool:
+    """Is ``package`` an installed library (under site-packages), not the user's own code (a
+    script, a model file, a package of theirs on the path)?"""
+    path = getattr(sys.modules.get(package), "__file__", None) or ""
+    return any(f"{os.sep}{d}{os.sep}" in os.path.abspath(path) for d in ("site-packages", "dist-packages"))
+
+
+def _hook_name(hook) -> str:
+    hook = _hook_function(hook)
+    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or type(hook).__name__
 
 
 def strip_user_hooks(model: nn.Module) -> list[str]:
-    """Remove the forward hooks a model's modules carry, except torch's own weight hooks; returns
-    where they were. A hook that collects features or calls ``.numpy()`` would see fx proxies or
-    fake tensors, fail, or fill the user's lists with them: the analysis is of forward itself."""
+    """Remove the forward hooks the user put on a model's modules, keeping those that are part of
+    the model (``_kept_hook``); returns where they were and what they were, as 'path (hook)'. A
+    hook that collects features or calls ``.numpy()`` would see fx proxies or fake tensors, fail,
+    or fill the user's lists with them: the analysis is of forward itself."""
     removed = []
+    owners: dict[str, set[str]] = {}  # path -> the packages of its module's class and its parents'
     for path, module in model.named_modules():
+        parent = owners.get(path.rpartition(".")[0], set()) if path else set()
+        owners[path] = parent | {_package(type(module).__module__)}
         for store in ("_forward_hooks", "_forward_pre_hooks"):
             hooks = getattr(module, store, None)
             for key, hook in list((hooks or {}).items()):
-                if _kept_hook(hook):
+                if _kept_hook(hook, owners[path]):
                     continue
                 del hooks[key]
-                removed.append(path or type(model).__name__)
+                removed.append(f"{path or type(model).__name__} ({_hook_name(hook)})")
     return removed

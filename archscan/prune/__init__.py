@@ -271,13 +271,15 @@ def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> 
 
 
 def predict(target: ModelTarget, specs, cuts, kwargs=None, dtype=None, profile=None,
-            model: nn.Module | None = None, quick: bool = False) -> dict:
+            model: nn.Module | None = None, quick: bool = False, graph=None) -> dict:
     """Totals of the cut model, counted by archscan's analysis of a meta-device copy; ``quick``:
-    in a direct run only (``capture(method="direct")``), failing where that cannot count it."""
+    in a direct run only (``capture(method="direct")``), failing where that cannot count it, of
+    ``graph`` when given (the uncut model's fx graph: fx calls the cut torch.nn layers, so a cut
+    copy traces to the same graph)."""
     try:
         report = predicted(analyse_model(pruned_target(target, cuts, model), specs,
                                          kwargs=kwargs if model is None else None, dtype=dtype, memory=False,
-                                         capture_method="direct" if quick else "auto"), profile)
+                                         capture_method="direct" if quick else "auto", graph=graph), profile)
     except ArchscanError as exc:
         raise ArchscanError(f"the cut model does not run: {exc}",
                             hint="the model's code fixes a shape these channels feed; cut other groups (--group)") from None

@@ -47,6 +47,7 @@ class Context:
     dtype: object | None = None
     model: object | None = None    # the scan's fake (or meta) copy of the model: variants are built from it
     grouping: object | None = None # its channel groups when the capture found them (archscan.prune.Grouping)
+    graph: object | None = None    # the fx graph of its direct run: a cut copy runs it without a trace
 
     def cited(self, *rules: str) -> tuple[dict, ...]:
         """The findings of these rules, as {"rule", "module"} references."""
@@ -252,7 +253,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
     for cut in cuts[:2 * PRUNE_SHOWN]:
         try:  # counted once: a cut the model's code rejects does not run, and is not recommended
             after = predict(ctx.target, ctx.specs, [cut], ctx.kwargs, ctx.dtype, ctx.profile, ctx.model,
-                            quick=on_meta(ctx.model))  # the model ran directly: so does a cut of it that runs
+                            quick=on_meta(ctx.model), graph=ctx.graph)  # the model ran directly: so does a cut of it
         except ArchscanError:
             continue
         group, channels = cut
@@ -366,7 +367,8 @@ def _rank_key(r: Recommendation) -> tuple:
 
 
 def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,
-              target=None, specs=(), kwargs: dict | None = None, dtype=None, model=None, grouping=None) -> Report:
+              target=None, specs=(), kwargs: dict | None = None, dtype=None, model=None, grouping=None,
+              graph=None) -> Report:
     """The report with ``recommendations`` filled in, best first.
 
     Args:
@@ -377,10 +379,11 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
             for the recommenders that count a changed copy of it (prune, distill); without them
             they propose nothing.
         grouping: the model's channel groups, when the scan found them (else they are found here).
+        graph: the fx graph of the scan's direct run (``archscan.capture``), which cut copies run.
     """
     ctx = Context(report, rules or RuleContext(report), profile,
                   command if command is not None else command_of(report, kwargs),
-                  target, tuple(specs), kwargs, dtype, model, grouping)
+                  target, tuple(specs), kwargs, dtype, model, grouping, graph)
     recs = _merged([r for recommender in RECOMMENDERS.values() for r in recommender(ctx)])
     recs.sort(key=_rank_key)
     return dataclasses.replace(report, recommendations=tuple(recs))

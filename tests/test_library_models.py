@@ -1,0 +1,169 @@
+"""Models as libraries build them: frozen config dicts on modules (diffusers), hooks a library
+installs on its own modules (transformers 5's output capture, which vision-language models read),
+beside the hooks a user adds. Hand-written models of each kind run everywhere; diffusers' and
+transformers' own models are checked where the package is installed.
+
+The FLOP oracle is ``torch.utils.flop_counter.FlopCounterMode`` on a real run (2 per
+multiply-add; attention on the math backend, for which torch has formulas)."""
+
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import archscan
+
+
+def _torch_multiply_adds(model: nn.Module, *inputs, **kwargs) -> int:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        model.eval()(*inputs, **kwargs)
+    return counter.get_total_flops() // 2
+
+
+class FrozenDict(dict):
+    """diffusers' ``FrozenDict``: a config whose methods of change refuse (and ``clear`` too)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise Exception("You cannot change a FrozenDict instance.")
+
+    clear = update = pop = popitem = setdefault = __delitem__ = _refuse
+
+
+class Configured(nn.Module):
+    """A module whose config is a frozen dict, and which fills a cache of its own in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self._internal_dict = FrozenDict(channels=8, scale=2)
+        self.cache = {}
+        self.conv = nn.Conv2d(3, self._internal_dict["channels"], 3)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.conv(x) * self._internal_dict["scale"]
+        self.cache["last"] = y.shape[-1]
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("method", ["auto", "fx", "eager", "export"])
+def test_frozen_config_dicts_do_not_stop_a_scan(method):
+    model = Configured()
+    report = archscan.scan(model, [(1, 3, 10, 10)], capture_method=method, rules=[])
+    # conv 8*3*9 per output pixel * 64 pixels, fc 8*4
+    assert report.totals.flops == 8 * 3 * 9 * 64 + 32 == _torch_multiply_adds(Configured(), torch.randn(1, 3, 10, 10))
+    assert isinstance(model._internal_dict, FrozenDict) and dict(model._internal_dict) == {"channels": 8, "scale": 2}
+    assert model.cache == {}  # the capture's runs leave the module as it was
+
+
+LIBRARY = '''\
+import torch.nn as nn
+
+_collected = []
+
+
+def _collect(module, args, output):  # the library's own machinery: forward reads what it collects
+    _collected.append(output)
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        for layer in self.layers:
+            layer.register_forward_hook(_collect)
+
+    def forward(self, x):
+        _collected.clear()
+        for layer in self.layers:
+            x = layer(x)
+        return _collected[-2] + 0  # the hidden state before the last layer, as a VLM projector reads it
+
+
+def tower():
+    return Tower()
+'''
+
+
+def _library(tmp_path, monkeypatch):
+    pkg = tmp_path / "site-packages" / "towerlib"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(LIBRARY))
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    monkeypatch.delitem(sys.modules, "towerlib", raising=False)
+    import towerlib
+
+    return towerlib
+
+
+@pytest.mark.parametrize("method", ["auto", "eager", "export"])
+def test_hooks_a_library_installs_on_its_own_modules_run(tmp_path, monkeypatch, method):
+    """The library's hooks stay (forward needs them); a user's hook is set aside, and the report
+    says which."""
+    towerlib = _library(tmp_path, monkeypatch)
+    model = towerlib.tower()
+    seen = []
+    model.layers[0].register_forward_hook(lambda m, i, o: seen.append(o.numpy()))
+    report = archscan.scan(model, [(2, 8)], capture_method=method, rules=[])
+    assert seen == []
+    assert report.totals.flops == 3 * 2 * 8 * 8 == _torch_multiply_adds(towerlib.tower(), torch.randn(2, 8))
+    notes = [n for n in report.capture_notes if "forward hook" in n]
+    assert len(notes) == 1 and "1 forward hook(s)" in notes[0] and "layers.0 (" in notes[0] and "<lambda>" in notes[0]
+    assert len(model.layers[0]._forward_hooks) == 2  # the user's model keeps both
+
+
+def test_hooks_from_the_users_own_code_are_set_aside():
+    """A user's script defines the model and the hook: the hook is the user's, whatever file."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    model[0].register_forward_hook(_users_hook)
+    report = archscan.scan(model, [(1, 4)], rules=[])
+    assert any("forward hook(s)" in n and "_users_hook" in n for n in report.capture_notes)
+
+
+def _users_hook(module, args, output):
+    raise AssertionError("a user's hook ran during the scan")
+
+
+# --- the real libraries, where installed --------------------------------------------------------------
+
+def test_diffusers_unet_and_vae_scan_exactly():
+    diffusers = pytest.importorskip("diffusers")
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
+    args = (torch.randn(1, 4, 16, 16), torch.tensor([10]), torch.randn(1, 7, 32))
+    report = archscan.scan(unet, list(args), recommend=False)
+    assert report.totals.params == sum(p.numel() for p in unet.parameters())
+    assert report.totals.flops == _torch_multiply_adds(unet, *args)
+    vae = diffusers.AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                                  up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8)
+    report = archscan.scan(vae, [(1, 3, 32, 32)], recommend=False)
+    assert report.totals.params == sum(p.numel() for p in vae.parameters())
+    assert report.totals.flops == _torch_multiply_adds(vae, torch.randn(1, 3, 32, 32))
+
+
+def test_llava_after_a_forward_keeps_transformers_output_hooks():
+    """transformers 5 installs its hidden-state hooks at the first forward; LLaVA's projector reads
+    what they collect. A scan of a model that has run keeps them."""
+    transformers = pytest.importorskip("transformers")
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=32, patch_size=8)
+    text = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=127,
+                                      vision_feature_layer=-2)
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    ids = torch.randint(0, 100, (1, 24))
+    ids[0, 2:18] = 127  # 16 image tokens: (32 / 8) ** 2 patches
+    pixels = torch.randn(1, 3, 32, 32)
+    want = _torch_multiply_adds(model, input_ids=ids, pixel_values=pixels)
+    assert sum(len(m._forward_hooks) for m in model.modules()) > 0
+    report = archscan.scan(model, [ids, pixels], recommend=False)
+    assert report.totals.flops == want
+    assert not any("forward hook" in n for n in report.capture_notes)
