@@ -412,14 +412,20 @@ def _source(node: torch.fx.Node, seen: dict[str, str | None]) -> str | None:
 def _memory(captured: Captured, specs: Sequence[InputSpec], dtype) -> dict | None:
     """The inference forward's memory (``archscan.memory``), with the weights' and inputs' bytes:
     the model's own forward, run eagerly on the capture's model, else the captured graph's
-    lifetimes (``basis`` says which); None after a real eager capture."""
+    lifetimes (``basis`` says which, and ``basis_note`` why the forward could not run); a real
+    capture's run carries the tracker itself."""
     found = captured.observed.get(MemoryObserver.key)
+    why: list[str] = []
     if captured.fake and (found is None or found["basis"] != "eager"):  # not yet the model's own forward
-        found = forward_memory(captured.model, specs, dtype) or found
+        found = forward_memory(captured.model, specs, dtype, why) or found
         if found is None:  # the forward needs values: the captured graph's lifetimes, in its direct run again
             found = run_again(captured, specs, MemoryObserver())
     if found is None:
         return None
+    if found["basis"] == "graph":
+        found = {**found, "basis_note": "the model's own forward could not run again"
+                 + (f" ({why[0]})" if why else "") + ": the captured graph's lifetimes, each value freed after "
+                 "its last use (Python's variables may hold some longer: a lower bound)"}
     return {**found, "weights_bytes": found["at_peak"]["params"],
             "inputs_bytes": sum(math.prod(s.shape) * s.dtype.itemsize for s in specs)}
 

@@ -400,12 +400,14 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     names, numel, weight_keys = _weight_maps(real)
     torch.manual_seed(0)
     call = make_call(specs, dtype)
-    watcher = SyncWatcher()
-    with watcher:
-        gm = capture_eager(real, call, weight_keys, set(names), target.source_file)
+    gm, watcher, found = _record(real, call, weight_keys, names, target.source_file, observers)  # the memory rides it
+    taken = gm.meta.get("archscan_taken") or []
     note = ("eager capture: the model reads tensor values, so it ran once for real on seeded random inputs "
-            f"({_input_note(specs)}); the analysis covers the path taken for those values")
-    return captured(gm, "eager", [note], watcher.records(), real_model=real)
+            f"({_input_note(specs)}); the analysis covers the path taken for those values"
+            + (f" ({'; '.join(dict.fromkeys(taken))})" if taken else ""))
+    result = captured(gm, "eager", [note], watcher.records(), real_model=real)
+    result.observed.update(found)
+    return result
 
 
 _PRODUCTS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default,

@@ -169,8 +169,12 @@ class Direct(TorchDispatchMode):
         self.bytes_left = OUTPUT_BYTES if output_bytes is None else output_bytes
         self.seconds_left = SECONDS if seconds is None else seconds
 
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):  # torch.cond reaching the direct run: its
+            raise Stop(f"{func.name()} depends on tensor values")  # branch is chosen by values it has not got
         given = args
         try:
             done, args, kwargs = self._prepare(func, args, kwargs)

@@ -168,4 +168,6 @@ def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: se
         pre.remove()
         post.remove()
         recorder.on_op = None
-    return builder.finish(out)
+    gm = builder.finish(out)
+    gm.meta["archscan_taken"] = list(recorder.taken)  # what torch.cond and torch.while_loop did (run_higher_order)
+    return gm

@@ -39,6 +39,7 @@ from ..load.building import build_fake, make_call
 from ..costs import (MASK_ELEMENTS, bound_arguments, cost_op, expected_experts, mask_pairs, storage_key, tensors_in,
                      topk_routing)
 from ..costs.kernels import run_op
+from ..load.recording import run_higher_order
 from ..errors import ArchscanError, CaptureError
 from ..load.frames import short
 from ..load.targets import InputSpec, ModelTarget
@@ -67,8 +68,12 @@ class _StepCosts(TorchDispatchMode):
         self.types: dict[str, str] = {}  # module path -> its type's name
         self.values = WeakIdKeyDictionary()  # fake tensor -> its real value, where known (``_follow``)
 
+    supports_higher_order_operators = True  # torch.cond: its branch's ops, one by one (run_higher_order)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return run_higher_order(self, func, args, kwargs)
         out = run_op(func, args, kwargs)
         if func.namespace == "prim":
             return out

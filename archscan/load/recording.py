@@ -32,8 +32,74 @@ class NodeCosts:
     out_dtype: torch.dtype | None = None
 
 
+_AUTOGRAD_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality)
+                 | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradOther)
+                 | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradNestedTensor))
+
+
+def run_higher_order(mode: TorchDispatchMode, func, args, kwargs) -> Any:
+    """A higher-order op reaching ``mode`` (the top of archscan's modes), run as eager PyTorch
+    runs it, every op of its body through ``mode`` and the modes below:
+
+    * ``torch.cond``: the branch its predicate chooses. The predicate's value is read below
+      ``mode`` (``.item()``): on fake tensors or in a direct run (whose activations are zeros) it
+      has none, so the capture goes on as for any model that reads values, to a real run on
+      seeded inputs, whose branch is counted (``mode.taken`` says which);
+    * ``torch.while_loop``: its condition and body, iteration by iteration, the same way;
+    * ``map``: the body on each slice, as torch's eager ``map`` runs it.
+
+    The body runs with the autograd keys torch's higher-order dispatch set aside put back, so
+    its composite ops (``linear``, ``matmul``) reach the modes as the aten ops they are made of,
+    as everywhere else. Any other higher-order op (``scan``, ``flex_attention``...) raises one
+    line naming it."""
+    name = func.name()
+    taken = getattr(mode, "taken", None)
+
+    def body(fn, *operands):
+        guard = torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                                torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS)
+        with guard, mode:
+            return fn(*operands)
+
+    if name == "cond":
+        pred, true_fn, false_fn, operands = args
+        branch = bool(pred.item() if isinstance(pred, torch.Tensor) else pred)
+        if taken is not None:
+            taken.append(f"torch.cond took its {'true' if branch else 'false'} branch, "
+                         f"the {'false' if branch else 'true'} one is not counted")
+        return body(true_fn if branch else false_fn, *operands)
+    if name == "while_loop":
+        cond_fn, body_fn, carried, additional = args[:4]
+        carried, steps = tuple(carried), 0
+        while True:
+            go = body(cond_fn, *carried, *additional)
+            if not bool(go.item() if isinstance(go, torch.Tensor) else go):
+                break
+            carried = tuple(body(body_fn, *carried, *additional))
+            steps += 1
+        if taken is not None:
+            taken.append(f"torch.while_loop ran {steps} iteration(s)")
+        return carried
+    if name == "map_impl":  # torch's map: the body on each slice of the mapped inputs, the results stacked
+        from torch._higher_order_ops.map import _stack_pytree, _unstack_pytree
+
+        fn, xs, pos_args = args
+        with mode:
+            slices = _unstack_pytree(xs)
+        outs = [body(fn, *inputs, *pos_args) for inputs in slices]
+        with mode:
+            return _stack_pytree(outs)
+    raise NotImplementedError(f"torch's higher-order op {name} is not counted by archscan (it counts torch.cond, "
+                              "torch.while_loop and map): write it as a plain loop or call to be analysed")
+
+
+
 class OpRecorder(TorchDispatchMode):
-    """Costs every aten op executed while active, into the current ``NodeCosts``."""
+    """Costs every aten op executed while active, into the current ``NodeCosts``. Higher-order
+    ops (``torch.cond``) run as eager PyTorch runs them (``run_higher_order``); ``taken`` says
+    what they did."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, weight_keys: set, param_keys: set):
         super().__init__()
@@ -42,9 +108,12 @@ class OpRecorder(TorchDispatchMode):
         self.current: NodeCosts | None = None
         self.on_op = None  # optional callback(func, args, kwargs, out, cost)
         self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
+        self.taken: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return run_higher_order(self, func, args, kwargs)
         if func is torch.ops.aten.embedding.default and args[1].is_floating_point():
             # the real kernel refuses float indices; the fake one of torch < 2.13 does not check
             raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "

@@ -14,6 +14,7 @@ memory snapshot format. Every run is counted as the current execution model runs
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..capture import direct
 from ..load.building import global_hooks_set_aside, make_call, on_meta
+from ..load.frames import short
 from ..load.targets import InputSpec
 from ..load.recording import module_stack, quiet, source_of, user_line
 from .gpu import allocator_peaks, current
@@ -62,16 +64,19 @@ class MemoryObserver:
         return summary(tracker, {"basis": "eager" if tracker.hooks is not None else "graph"})
 
 
-def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None) -> dict | None:
+def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dtype | None,
+                   why: list[str] | None = None) -> dict | None:
     """The inference forward's memory, the model's own forward run eagerly on the capture's model
     (meta weights with CPU activations under ``archscan.capture.direct``, or fake tensors): Python's
     variables hold what they hold in the model's code (``x = layer4(layer3(layer2(layer1(x))))``
     keeps the first ``x`` until the line ends), which the captured graph, freeing each value after
     its last use, cannot show. None where that run cannot be made (a model with real weights, one
-    that needs tensor values): the capture's graph then gives the figure."""
+    that needs tensor values; ``why`` gets the reason): the capture's graph then gives the figure.
+    The direct run has no time budget here (the capture's own run had one): its multiply-adds and
+    bytes bound it, and the figure's basis must not depend on how busy the machine is."""
     tensors = [*model.parameters(), *model.buffers()]
     if on_meta(model):
-        base, call = direct.Direct(), make_call(specs, dtype)
+        base, call = direct.Direct(seconds=math.inf), make_call(specs, dtype)
     else:
         fake_mode = next((t.fake_mode for t in tensors if isinstance(t, FakeTensor)), None)
         if fake_mode is None:
@@ -83,8 +88,10 @@ def forward_memory(model: nn.Module, specs: Sequence[InputSpec], dtype: torch.dt
     try:
         with global_hooks_set_aside(), base, tracker, torch.no_grad(), quiet():
             call(model)
-    except Exception:  # direct.Stop, a value the fake tensors cannot give: the graph's figure stands
+    except Exception as exc:  # direct.Stop, a value the fake tensors cannot give: the graph's figure stands
         ran = False
+        if why is not None:
+            why.append(short(exc))
     found = observer.result(tracker, None, model)  # its hooks go either way
     return found if ran else None
 

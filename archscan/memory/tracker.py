@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ..costs import tensors_in
 from ..costs.kernels import run_op
+from ..load.recording import run_higher_order
 from .scratch import scratch_bytes
 
 CATEGORIES = ("params", "grads", "optimizer_state", "activations", "temporaries", "inputs")
@@ -143,8 +144,12 @@ class MemoryTracker(TorchDispatchMode):
 
     # --- the run ----------------------------------------------------------------------------------------
 
+    supports_higher_order_operators = True  # torch.cond: its branch's ops, one by one (run_higher_order)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return run_higher_order(self, func, args, kwargs)
         if self.paused:
             return func(*args, **kwargs)
         if wrapped(args, kwargs):  # a DTensor (or another wrapper): its own ops on its local tensors come back here

@@ -42,6 +42,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..costs import storage_key
 from ..costs.kernels import run_op
+from ..load.recording import run_higher_order
 
 aten = torch.ops.aten
 
@@ -267,8 +268,12 @@ class LabelMode(TorchDispatchMode):
             self.labs[t] = lab
 
     # --- dispatch ---------------------------------------------------------------------------
+    supports_higher_order_operators = True  # torch.cond: its branch's ops, one by one (run_higher_order)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return run_higher_order(self, func, args, kwargs)
         out = run_op(func, args, kwargs)
         if func.namespace == "prim":
             return out

@@ -122,6 +122,8 @@ def _memory_line(label: str, memory: dict) -> str:
     source = f" at {where['source']}" if where.get("source") else ""
     line = (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
             f"{where['op']} of {place}{source}")
+    if memory.get("basis_note"):
+        line += f"; {memory['basis_note']}"
     cuda = memory.get("cuda")
     if cuda:  # counted as a GPU runs it: the caching allocator's view beside the bytes live
         line += (f"; as {memory['execution']['name']} runs it, CUDA's caching allocator reserves "
