@@ -191,8 +191,9 @@ def test_dict_input_through_the_library(net):
     assert archscan.scan(f"{net}:Net", {"x": (2, 8)}).totals.flops == 2 * 8 * 4  # forward's keyword arguments
     with pytest.raises(ArchscanError, match="has no argument 'y'"):
         archscan.scan(f"{net}:Net", {"y": (2, 8)})
-    with pytest.raises(ArchscanError, match="nested dict"):
+    with pytest.raises(ArchscanError) as err:  # a dict where forward takes a tensor: the model's own error
         archscan.scan(f"{net}:Net", [{"x": (2, 8)}])
+    assert "not dict" in str(err.value) and len(str(err.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize("inputs,needles", [

@@ -752,6 +752,7 @@ def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
     if params is None:
         return
     forward = f"{type(model).__name__}.forward"
+    specs = _arguments(specs)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     by_name = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     any_name = any(p.kind == p.VAR_KEYWORD for p in params)
@@ -783,6 +784,17 @@ def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:
             + (f"; {', '.join(missing)} missing" if missing and names else ""),
             hint="pass one --input per tensor argument, in order, or by name: --input attention_mask=1,128:int64",
         )
+
+
+def _arguments(specs: Sequence[InputSpec]) -> list[InputSpec]:
+    """One spec per forward argument: the tensors of a nested one (a list of images) count once."""
+    seen, out = set(), []
+    for s in specs:
+        key = (s.name, s.arg, bool(s.path)) if s.path else id(s)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
 
 
 def _model_rejects(model: nn.Module, call: Call, fake_mode) -> bool:

@@ -10,6 +10,7 @@ real, and the graph covers the path taken for that input.
 from __future__ import annotations
 
 import contextlib
+import re
 import weakref
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..load.building import Call
+from ..load.building import Call, nested_tensors
 from ..costs import storage_key, tensors_in
 from ..errors import CaptureError
 from ..load.frames import at, short
@@ -47,10 +48,9 @@ class _EagerGraphBuilder:
             self.weights.setdefault(storage_key(p), name)
         for name, b in model.named_buffers():
             self.weights.setdefault(storage_key(b), name)
-        for i, x in enumerate(call.args):
-            self._made(x, self.graph.placeholder(f"input_{i}"))
-        for name, x in call.kwargs.items():
-            self._made(x, self.graph.placeholder(name))
+        for name, x in [*((f"input_{i}", x) for i, x in enumerate(call.args)), *call.kwargs.items()]:
+            for where, t in nested_tensors(x):  # a list of images: a placeholder for each
+                self._made(t, self.graph.placeholder(name + re.sub(r"\W+", "_", where).rstrip("_")))
         self.names = {id(m): n for n, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.stack_meta: dict | None = None  # the nn_module_stack of the modules in ``stack``

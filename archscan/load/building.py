@@ -270,14 +270,37 @@ class Call:
 
     @classmethod
     def of(cls, specs: Sequence[InputSpec], tensors: Sequence[torch.Tensor]) -> "Call":
-        return cls(tuple(t for s, t in zip(specs, tensors) if not s.name),
-                   {s.name: t for s, t in zip(specs, tensors) if s.name})
+        """The tensors placed as the specs say: in order, by name, and inside a nested argument
+        (a list, tuple, dict or dataclass built around them: ``InputSpec.path``)."""
+        args: list = []
+        kwargs: dict = {}
+        trees: dict = {}  # a nested argument -> its tree (_Tree)
+        for s, t in zip(specs, tensors):
+            if not s.path:
+                if s.name:
+                    kwargs[s.name] = t
+                else:
+                    args.append(t)
+                continue
+            key = ("name", s.name) if s.name else ("arg", s.arg)
+            if key not in trees:
+                trees[key] = _Tree(s.path[0][0])
+                if s.name:
+                    kwargs[s.name] = trees[key]
+                else:
+                    args.append(trees[key])
+            node = trees[key]
+            for (_, step), (kind, _) in zip(s.path, s.path[1:]):
+                node = node.items.setdefault(step, _Tree(kind))
+            node.items[s.path[-1][1]] = t
+        return cls(tuple(_built(a) for a in args), {k: _built(v) for k, v in kwargs.items()})
 
     def __call__(self, fn: Callable) -> Any:
         return fn(*self.args, **self.kwargs)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.args, *self.kwargs.values()]
+        """Every input tensor, nested ones included, in order."""
+        return [t for x in (*self.args, *self.kwargs.values()) for _, t in nested_tensors(x)]
 
     def graph_args(self, gm: torch.fx.GraphModule) -> list:
         """Values for a traced graph's placeholders, in their order: an exported graph flattens
@@ -296,6 +319,45 @@ class Call:
             else:
                 break
         return values
+
+
+def nested_tensors(x: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+    """The tensors in an input (itself, or those in a list, tuple, dict or dataclass of them,
+    nested), each with its place in it: ('', x), ('[0]', ...), ('.time_ids', ...)."""
+    if isinstance(x, torch.Tensor):
+        return [(path, x)]
+    if isinstance(x, dict):
+        items = [(f".{k}", v) for k, v in x.items()]
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [(f".{f.name}", getattr(x, f.name)) for f in dataclasses.fields(x)]
+    elif isinstance(x, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(x)]
+    else:
+        return []
+    return [leaf for key, v in items for leaf in nested_tensors(v, path + key)]
+
+
+class _Tree:
+    """A nested argument being built (``Call.of``): its kind ("list", "tuple", "dict" or a dataclass)
+    and its items by index, key or field."""
+
+    __slots__ = ("kind", "items")
+
+    def __init__(self, kind):
+        self.kind, self.items = kind, {}
+
+
+def _built(x: Any) -> Any:
+    """A nested argument's tree (``Call.of``) as the container it stands for."""
+    if not isinstance(x, _Tree):
+        return x
+    kind, items = x.kind, {k: _built(v) for k, v in x.items.items()}
+    if kind == "dict":
+        return items
+    if kind in ("list", "tuple"):
+        values = [items[i] for i in sorted(items)]
+        return values if kind == "list" else tuple(values)
+    return kind(**items)  # a dataclass: its fields (those left out keep their defaults)
 
 
 def make_call(specs: Sequence[InputSpec], model_dtype: torch.dtype | None, fake_mode=None,

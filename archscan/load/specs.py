@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import ArchscanError
 
@@ -63,17 +63,45 @@ def spec_text(shape, dtype: str, name: str | None = None, values: tuple[int, int
     return f"{name}={text}" if name else text
 
 
+_STEP = re.compile(r"\[(\d+)\]|\.([A-Za-z_]\w*)")
+
+
+def split_argument(name: str) -> tuple[str, tuple[tuple[str, Any], ...]] | None:
+    """'images[1]' -> ('images', (('list', 1),)); 'added_cond_kwargs.time_ids' -> ('added_cond_kwargs',
+    (('dict', 'time_ids'),)): a forward argument and where in it (a list's item, a dict's key) the
+    input goes; None when ``name`` is not of that form."""
+    base = re.match(r"[A-Za-z_]\w*", name)
+    if base is None:
+        return None
+    steps, at = [], base.end()
+    while at < len(name):
+        step = _STEP.match(name, at)
+        if step is None:
+            return None
+        steps.append(("list", int(step.group(1))) if step.group(1) is not None else ("dict", step.group(2)))
+        at = step.end()
+    return base.group(0), tuple(steps)
+
+
+def path_text(path) -> str:
+    """A nested input's place in its argument as ``split_argument`` reads it: '[1]', '.time_ids'."""
+    return "".join(f"[{key}]" if kind in ("list", "tuple") else f".{key}" for kind, key in path)
+
+
 def split_input_spec(text: str) -> tuple[tuple[int, ...], str, str | None]:
     """'1,3,224,224' -> ((1, 3, 224, 224), 'float32', None); '1,128:int64' for token ids;
-    'decoder_input_ids=1,16:int64' passes the input to forward by keyword. Unknown dtype names
-    come back as written, for ``archscan.load.targets`` to judge. Values (``=1..50``, ``split_values``)
-    are checked and left out."""
+    'decoder_input_ids=1,16:int64' passes the input to forward by keyword, 'images[0]=3,224,224'
+    and 'added_cond_kwargs.time_ids=2,6' as a list's item or a dict's value in it
+    (``split_argument``). Unknown dtype names come back as written, for
+    ``archscan.load.targets`` to judge. Values (``=1..50``, ``split_values``) are checked and left out."""
     raw = split_values(text.strip())[0]
     name, eq, rest = raw.partition("=")
     name = name.strip()
-    if eq and not name.isidentifier():
+    if eq and split_argument(name) is None:
         raise ArchscanError(f"malformed --input {text!r}: {name!r} is not an argument name",
-                            hint="name a forward argument: --input decoder_input_ids=1,16:int64")
+                            hint="name a forward argument, and where in it the input goes: --input "
+                                 "decoder_input_ids=1,16:int64, --input images[0]=3,224,224, --input "
+                                 "added_cond_kwargs.time_ids=2,6")
     raw = rest.strip() if eq else raw
     shape_text, _, dtype_text = raw.partition(":")
     parts = [p.strip() for p in shape_text.replace("x", ",").split(",")]

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from ..errors import ArchscanError, CaptureError
 from .frames import at, exit_error, short
-from .specs import check_target, dtype_key, split_input_spec, split_values
+from .specs import check_target, dtype_key, path_text, split_argument, split_input_spec, split_values
 
 
 
@@ -43,6 +43,18 @@ class InputSpec:
     name: str | None = None
     values: tuple[int, int] | None = None   # integer inputs: drawn uniformly from LOW..HIGH (seeded); else zeros
     example: torch.Tensor | None = field(default=None, compare=False, repr=False)  # a tensor whose values are used
+    # a tensor inside a nested argument (a list of images, a dict of conditions, a dataclass): its
+    # place in the argument, step by step: ("list" | "tuple", index), ("dict", key), (a dataclass, field)
+    path: tuple = ()
+    arg: int | None = None  # a nested positional argument's position among the inputs (its tensors share it)
+
+    @property
+    def label(self) -> str | None:
+        """The argument and the place in it: 'images[0]', 'added_cond_kwargs.time_ids', '[1].mask'
+        for a positional one; the name alone for a flat input (None when positional)."""
+        if not self.path:
+            return self.name
+        return (self.name or "") + path_text(self.path)
 
     def to_json(self) -> dict:
         out = {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
@@ -52,7 +64,11 @@ class InputSpec:
             out["values"] = list(self.values)
         elif not self.dtype.is_floating_point and self.dtype != torch.bool:
             out["values"] = "zeros"
-        return {**out, "name": self.name} if self.name else out
+        if self.path:
+            out["path"] = path_text(self.path)
+            if self.name is None:
+                out["arg"] = self.arg
+        return {**out, "name": self.label} if self.name else out
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,8 @@ def parse_input_spec(text: str) -> InputSpec:
     """'1,3,224,224' -> InputSpec((1, 3, 224, 224), float32); '1,128:int64' for token ids;
     'decoder_input_ids=1,16:int64' passes the input to forward by keyword (``archscan.load.specs``)."""
     shape, dtype, name = split_input_spec(text)
-    return InputSpec(shape, parse_dtype(dtype), name, split_values(text.strip())[1])
+    name, path = split_argument(name) if name else (None, ())
+    return InputSpec(shape, parse_dtype(dtype), name, split_values(text.strip())[1], path=path)
 
 
 def _load_program(path: str, allow_pickle: bool = False) -> ModelTarget:
@@ -425,7 +442,7 @@ def resolve_target(target: str, allow_pickle: bool = False) -> ModelTarget:
 
 # --- what the library's callers hand over: models and inputs in any of their forms ---------------
 
-InputLike = InputSpec | str | Sequence[int] | torch.Tensor
+InputLike = InputSpec | str | Sequence[int] | torch.Tensor  # or lists, tuples, dicts and dataclasses of them
 
 
 def _is_shape(x: Any) -> bool:
@@ -439,9 +456,49 @@ def _to_spec(x: InputLike) -> InputSpec:
         return parse_input_spec(x)
     if isinstance(x, torch.Tensor):  # its values are used where a run needs them
         return InputSpec(tuple(int(s) for s in x.shape), x.dtype, example=x.detach())
-    if _is_shape(x):
+    if _is_shape(x) and x:
         return InputSpec(tuple(int(d) for d in x))
-    raise ArchscanError(f"cannot read an input spec from {x!r}", hint="give a shape tuple, '1,3,224,224' or a tensor")
+    raise ArchscanError(f"cannot read an input spec from {_described(x)}",
+                        hint="give a shape tuple, '1,3,224,224' or a tensor, or lists, tuples, dicts and "
+                             "dataclasses of them")
+
+
+def _described(x: Any) -> str:
+    """What a value is, in a few words (never a tensor's values)."""
+    if isinstance(x, torch.Tensor):
+        return f"a {dtype_name(x.dtype)} tensor of shape {list(x.shape)}"
+    if isinstance(x, (list, tuple, dict)) and not x:
+        return f"an empty {type(x).__name__}"
+    kind = type(x).__name__
+    text = repr(x) if isinstance(x, (int, float, str, bool, type(None))) else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _leaves(x: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """The tensors (or shapes, specs) of a nested input, each with its place in it."""
+    if isinstance(x, (InputSpec, str, torch.Tensor)):
+        return [(path, x)]
+    if isinstance(x, dict):
+        if not x:
+            raise ArchscanError("cannot read an input spec from an empty dict", hint="give its tensors")
+        return [leaf for k, v in x.items() for leaf in _leaves(v, path + (("dict", k),))]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [leaf for f in dataclasses.fields(x) if getattr(x, f.name) is not None
+                for leaf in _leaves(getattr(x, f.name), path + ((type(x), f.name),))]
+    if isinstance(x, (list, tuple)) and not _is_shape(x):
+        kind = "tuple" if isinstance(x, tuple) else "list"
+        return [leaf for i, v in enumerate(x) for leaf in _leaves(v, path + ((kind, i),))]
+    return [(path, x)]
+
+
+def _specs_of(x: Any, name: str | None = None, arg: int | None = None) -> list[InputSpec]:
+    """One forward argument's specs: a flat one, or each tensor of a nested one with its place."""
+    out = []
+    for path, leaf in _leaves(x):
+        spec = _to_spec(leaf)
+        out.append(dataclasses.replace(spec, name=name if name is not None else spec.name, path=path,
+                                       arg=None if name is not None or not path else arg) if path or name else spec)
+    return out
 
 
 def to_target(model: Any, name: str | None = None, allow_pickle: bool = False) -> ModelTarget:
@@ -469,13 +526,12 @@ def input_specs(inputs: Sequence[InputLike] | InputLike | dict, dtype: torch.dty
     """``scan``'s ``inputs`` argument as specs; float32 inputs take the model's ``dtype``."""
     if isinstance(inputs, (InputSpec, str, torch.Tensor)) or (inputs and _is_shape(inputs)):
         inputs = [inputs]  # one input, not a list of them
-    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}
-        inputs = [dataclasses.replace(_to_spec(v), name=str(k)) for k, v in inputs.items()]
-    if any(isinstance(x, dict) for x in inputs):
-        raise ArchscanError("nested dict inputs are not supported",
-                            hint="pass forward's keyword arguments as one dict: inputs={'input_ids': '1,16:int64'}")
+    if isinstance(inputs, dict):  # forward's keyword arguments: {"input_ids": "1,16:int64", ...}, each may nest
+        flat = [s for k, v in inputs.items() for s in _specs_of(v, str(k))]
+    else:  # forward's arguments in order; a list, tuple, dict or dataclass among them nests
+        flat = [s for i, x in enumerate(inputs) for s in _specs_of(x, arg=i)]
     specs = [dataclasses.replace(s, dtype=dtype) if dtype is not None and s.dtype == torch.float32 else s
-             for s in map(_to_spec, inputs)]
+             for s in flat]
     if not specs:
         raise ArchscanError("no input given", hint="pass --input 1,3,224,224 (repeat for several inputs)")
     return specs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from .fuse import change_text
-from .text import DEFAULT_WIDTH, shape_text, fmt_bytes, fmt_count, label_lines
+from .text import DEFAULT_WIDTH, input_text, shape_text, fmt_bytes, fmt_count, label_lines
 
 
 def mapping_table(mapping) -> str:
@@ -19,8 +19,7 @@ def mapping_table(mapping) -> str:
 def distill_text(result, width: int = DEFAULT_WIDTH) -> str:
     """``DistillResult`` as aligned label/value lines (values wrapped at word boundaries to
     ``width``), then the layer mapping as a table."""
-    inputs = ", ".join(("{}=".format(i["name"]) if i.get("name") else "") + "×".join(map(str, i["shape"])) + f" {i['dtype']}"
-                       for i in result.inputs)
+    inputs = ", ".join(input_text(i) for i in result.inputs)
     s, t, a = result.student, result.teacher, result.totals
     rows: list[tuple[str, str]] = [("model", result.model), ("inputs", inputs), ("student", f"{s.id}: {s.description}")]
     if s.why:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .text import DEFAULT_WIDTH, fmt_bytes, label_lines
+from .text import DEFAULT_WIDTH, input_text, fmt_bytes, label_lines
 
 
 def change_text(before: float, after: float, fmt) -> str:
@@ -15,8 +15,7 @@ def change_text(before: float, after: float, fmt) -> str:
 
 def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
     """``FuseResult`` as aligned label/value lines, values wrapped at word boundaries to ``width``."""
-    inputs = ", ".join(("{}=".format(i["name"]) if i.get("name") else "") + "×".join(map(str, i["shape"])) + f" {i['dtype']}"
-                       for i in result.inputs)
+    inputs = ", ".join(input_text(i) for i in result.inputs)
     weights = result.weights or "random weights with random batch-norm statistics (pass --weights for yours)"
     rows: list[tuple[str, str]] = [("model", result.model), ("inputs", inputs), ("weights", weights)]
     by_kind = ", ".join(f"{kind} {n}" for kind, n in sorted(result.folded_by_kind.items()))

@@ -32,8 +32,10 @@ def label_lines(rows: list[tuple[str, str]], width: int = DEFAULT_WIDTH) -> list
     return lines
 
 def input_text(i: dict, times: str = "×") -> str:
-    """An input as the report's JSON holds it -> 'attention_mask=1×128 int64'."""
-    return f"{i['name'] + '=' if i.get('name') else ''}{times.join(map(str, i['shape']))} {i['dtype']}"
+    """An input as the report's JSON holds it -> 'attention_mask=1×128 int64', 'images[0]=3×224×224
+    float32'; a tensor in a nested positional input: 'input 0.pixels=2×8 float32'."""
+    label = i.get("name") or (f"input {i['arg']}{i['path']}" if i.get("path") else "")
+    return f"{label + '=' if label else ''}{times.join(map(str, i['shape']))} {i['dtype']}"
 
 def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
