@@ -43,9 +43,11 @@ def scan_cmd(
     measure: Annotated[bool, typer.Option("--measure", help="time the real model per node and end to end")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda[:N] (default: cuda when available); without --measure, whose calibrated profile predicts latency")] = None,
     amp: Annotated[Optional[str], typer.Option("--amp", help="with --measure: measure under autocast, bf16 or fp16; with --train: the step's forward runs under autocast")] = None,
-    train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (sum of the outputs), backward, optimizer step; its costs and peak memory")] = False,
+    train: Annotated[bool, typer.Option("--train", help="also analyse one training step: forward, loss (--loss), backward, optimizer step; its costs and peak memory")] = False,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="with --train: sgd, sgd-momentum, adam or adamw (default), optionally :for-loop, :foreach or :fused")] = None,
     freeze: Annotated[Optional[list[str]], typer.Option("--freeze", help="with --train: freeze the parameters under this module path (repeat)")] = None,
+    loss: Annotated[Optional[str], typer.Option("--loss", help="with --train: the loss a loop computes: auto (default: the model's own where it takes labels, cross-entropy over logits, else sum), model, cross-entropy, mse or sum")] = None,
+    release_output: Annotated[bool, typer.Option("--release-output", help="with --train: the loop lets the model's output go before backward (del out); by default it holds it until the step ends")] = False,
     memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan")] = None,
     decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens (e.g. 1,1:int64) after a KV cache of this many tokens: prefill and decode phases, KV bytes, tokens/s with a profile (--device-profile h100)")] = None,
     what_if: Annotated[bool, typer.Option("--what-if", help="with --train: the step re-analysed with one change each (bf16, optimizer implementations, set_to_none=False, a frozen half, gradient accumulation, in-place)")] = False,
@@ -73,7 +75,8 @@ def scan_cmd(
                                               ("--sweep", sweep)) if given]
     if needs_measure and not measure:
         raise ArchscanError(f"{', '.join(needs_measure)} only applies to a measurement", hint="add --measure (or --train for --amp)")
-    needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze),
+    needs_train = [flag for flag, given in (("--optimizer", optimizer), ("--freeze", freeze), ("--loss", loss),
+                                            ("--release-output", release_output),
                                             ("--memory-snapshot", memory_snapshot), ("--what-if", what_if),
                                             ("--parallel", parallel)) if given is not None and given is not False]
     needs_parallel = [flag for flag, given in (("--plan", plan), ("--interconnect", interconnect)) if given is not None]
@@ -109,7 +112,7 @@ def scan_cmd(
     if train:
         from .memory.train import TrainOptions
 
-        training = TrainOptions.parse(optimizer, amp, freeze or (), memory_snapshot)
+        training = TrainOptions.parse(optimizer, amp, freeze or (), memory_snapshot, loss, release_output)
         amp = None if not measure else amp
     options = MeasureOptions(device=device, amp=amp, channels_last=channels_last, threads=threads, sweep=sweep)
     where = check_options(options)[0] if device is not None or measure else None

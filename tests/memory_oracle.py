@@ -6,10 +6,18 @@ the run began (parameters, buffers, inputs and the optimizer's state)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from archscan.memory.train import AMP, IMPLS, OPTIMIZERS
+from archscan.memory.train import AMP, IMPLS, OPTIMIZERS, TrainOptions
+
+# archscan's step with the oracle's default loop: the stand-in loss, the output released before backward
+STAND_IN = {"loss": "sum", "release_output": True}
+
+
+def stand_in(optimizer: str = "adamw", impl: str | None = None, amp: str | None = None, freeze=()) -> TrainOptions:
+    return TrainOptions(optimizer, impl, amp, tuple(freeze), **STAND_IN)
 from archscan.load.recording import output_tensors
 
 
@@ -59,24 +67,42 @@ def forward_peak(model: torch.nn.Module, inputs: list) -> int:
 
 
 def training_step(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
-                  amp: str | None = None, set_to_none: bool = True, device_type: str = "cpu"):
-    """(step, optimizer, parameters): one training step as archscan runs it (archscan.memory.train):
-    forward (under autocast with ``amp``), loss = sum of the floating outputs that require grad,
-    the outputs released before backward, optimizer step, zero_grad(set_to_none=...)."""
+                  amp: str | None = None, set_to_none: bool = True, device_type: str = "cpu", loss: str = "sum",
+                  targets: torch.Tensor | None = None, release_output: bool = True, kwargs: dict | None = None):
+    """(step, optimizer, parameters): one training step as a user's loop writes it: forward (under
+    autocast with ``amp``), the loss, backward, optimizer step, zero_grad(set_to_none=...).
+
+    ``loss``: "sum" (the sum of the floating outputs that require grad), "cross-entropy" (over the
+    first output against ``targets``: [N, C] logits and [N] classes, or [N, T, V] and [N, T] next
+    tokens), "mse" (the first output against ``targets``) or "model" (the model's own, ``kwargs``
+    holding its labels). ``targets`` exist before the step, as a loop's batch does;
+    ``release_output``: ``del output`` before backward, else the loop holds it to the end."""
     cls, defaults = OPTIMIZERS[optimizer]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = getattr(torch.optim, cls)(params, **defaults, **IMPLS.get(impl or "", {}))
 
     def step():
         with torch.autocast(device_type, dtype=AMP[amp]) if amp else torch.autocast(device_type, enabled=False):
-            output = model(*inputs)
-        outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
-        loss = outs[0].sum()
-        for t in outs[1:]:
-            loss = loss + t.sum()
-        del output, outs
-        loss.backward()
-        del loss
+            output = model(*inputs, **(kwargs or {}))
+            if loss == "model":
+                value = output.loss if hasattr(output, "loss") else output["loss"]
+            else:
+                outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+                if loss == "cross-entropy" and outs[0].dim() == 3:
+                    value = F.cross_entropy(outs[0].reshape(-1, outs[0].shape[-1]), targets.reshape(-1))
+                elif loss == "cross-entropy":
+                    value = F.cross_entropy(outs[0], targets)
+                elif loss == "mse":
+                    value = F.mse_loss(outs[0], targets)
+                else:
+                    value = outs[0].sum()
+                    for t in outs[1:]:
+                        value = value + t.sum()
+                del outs
+        if release_output:
+            del output
+        value.backward()
+        del value
         opt.step()
         opt.zero_grad(set_to_none=set_to_none)
 
@@ -84,13 +110,15 @@ def training_step(model: torch.nn.Module, inputs: list, optimizer: str = "adamw"
 
 
 def step_peak(model: torch.nn.Module, inputs: list, optimizer: str = "adamw", impl: str | None = None,
-              amp: str | None = None, set_to_none: bool = True) -> int:
-    """Peak bytes of a steady-state training step (``training_step``), after one warm-up step."""
-    step, opt, params = training_step(model, inputs, optimizer, impl, amp, set_to_none)
+              amp: str | None = None, set_to_none: bool = True, **loop) -> int:
+    """Peak bytes of a steady-state training step (``training_step``; ``loop``: its loss, targets,
+    ``release_output`` and keyword inputs), after one warm-up step."""
+    step, opt, params = training_step(model, inputs, optimizer, impl, amp, set_to_none, **loop)
     step()
     state = [v for s in opt.state.values() for v in s.values()]
     grads = [p.grad for p in params if p.grad is not None]
-    resident = _resident([*model.parameters(), *model.buffers(), *inputs, *state, *grads])
+    data = [*inputs, *(loop.get("kwargs") or {}).values(), loop.get("targets")]
+    resident = _resident([*model.parameters(), *model.buffers(), *data, *state, *grads])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     return resident + _allocations_peak(prof)

@@ -15,7 +15,7 @@ from archscan import zoo
 from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory.budget import Budget, batched, blocks, largest_batch, parse_budget
 from archscan.memory.train import TrainOptions, train_step
-from memory_oracle import forward_peak, step_peak
+from memory_oracle import forward_peak, step_peak, stand_in
 from test_memory import Blocks, small_cnn
 
 MiB = 1 << 20
@@ -83,7 +83,7 @@ def test_largest_batch_never_over_predicts(name):
         oracle = [step_peak(build(), _real(specs, b), optimizer) for b in (k, k + 1)]
     budget = (oracle[0] + oracle[1]) // 2
     report = archscan.scan(build(), batched(specs, k), memory=budget, recommend=False,
-                           train=TrainOptions(optimizer) if optimizer else None)
+                           train=stand_in(optimizer) if optimizer else None)
     got = report.memory["budget"]
     assert got["max_batch"] == k, f"{got} against allocator peaks {oracle} for a budget of {budget:,}"
     assert got["peak_bytes_at_max"] <= budget < got["next_peak_bytes"]
@@ -98,11 +98,11 @@ def resnet_step_range() -> tuple[int, int]:
     the smallest a checkpoint plan reaches. The budgets below sit between the two: where they fall
     depends on the CPU (oneDNN's kernels hold other scratch with AVX2 than with AVX-512)."""
     memory = archscan.scan(zoo.create_model("resnet18"), RESNET_STEP, memory=50 * MiB, recommend=False,
-                           train=TrainOptions("sgd")).memory
+                           train=stand_in("sgd")).memory
     plan = memory["checkpoint_plan"]
     assert not plan["fits"]
     peak = archscan.scan(zoo.create_model("resnet18"), RESNET_STEP, recommend=False,
-                         train=TrainOptions("sgd")).training_step["memory"]["peak_bytes"]
+                         train=stand_in("sgd")).training_step["memory"]["peak_bytes"]
     assert plan["smallest_peak_bytes"] < peak
     return plan["smallest_peak_bytes"], peak
 
@@ -113,7 +113,7 @@ def test_checkpoint_plan_applied_for_real():
     smallest, peak = resnet_step_range()
     specs, budget = RESNET_STEP, (smallest + peak) // 2 // MiB * MiB
     report = archscan.scan(zoo.create_model("resnet18"), specs, memory=budget, recommend=False,
-                           train=TrainOptions("sgd"))
+                           train=stand_in("sgd"))
     plan = report.memory["checkpoint_plan"]
     assert plan["fits"] and plan["modules"] and plan["peak_bytes"] <= budget < report.training_step["memory"]["peak_bytes"]
     torch.manual_seed(0)
@@ -134,7 +134,7 @@ def test_checkpoint_plans_are_monotone():
     plans = []
     for budget in (peak + MiB, smallest + 3 * (peak - smallest) // 4, (smallest + peak) // 2,
                    smallest + (peak - smallest) // 4, smallest - MiB):
-        memory = archscan.scan(model, specs, memory=budget, recommend=False, train=TrainOptions("sgd")).memory
+        memory = archscan.scan(model, specs, memory=budget, recommend=False, train=stand_in("sgd")).memory
         plan = memory.get("checkpoint_plan") or {"fits": True, "peak_bytes": None, "recompute_flops": 0, "modules": []}
         plans.append((budget, plan))
     fitting = [(b, p) for b, p in plans if p["fits"]]
@@ -158,7 +158,7 @@ def test_what_ifs_are_re_analysed_steps():
     """Each what-if is the step analysed with that change: the fused optimizer and
     zero_grad(set_to_none=False) against the allocator, within 1%."""
     specs = [InputSpec((4, 3, 32, 32))]
-    memory = archscan.scan(small_cnn(), specs, recommend=False, train=TrainOptions("adamw"), what_ifs=True).memory
+    memory = archscan.scan(small_cnn(), specs, recommend=False, train=stand_in("adamw"), what_ifs=True).memory
     ifs = {w["change"]: w for w in memory["what_ifs"]}
     torch.manual_seed(0)
     for change, kwargs in (("fused optimizer", {"impl": "fused"}), ("zero_grad(set_to_none=False)", {"set_to_none": False})):

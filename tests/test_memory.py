@@ -16,7 +16,7 @@ from archscan.costs import cost_op
 from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory import MemoryTracker
 from archscan.memory.train import TrainOptions, train_step
-from memory_oracle import forward_peak, op_scratch, step_peak
+from memory_oracle import forward_peak, op_scratch, step_peak, stand_in
 
 
 class Blocks(nn.Module):
@@ -95,7 +95,7 @@ def test_training_step_peak_matches_the_cpu_allocator(name):
     build, specs, optimizer, impl, amp, freeze = STEPS[name]
     torch.manual_seed(0)
     want = step_peak(_freeze(build(), freeze), _inputs(specs), optimizer, impl, amp)
-    got = train_step(ModelTarget(name, None, instance=build()), specs, TrainOptions(optimizer, impl, amp, freeze))
+    got = train_step(ModelTarget(name, None, instance=build()), specs, stand_in(optimizer, impl, amp, freeze))
     peak = got["memory"]["peak_bytes"]
     assert abs(peak - want) <= 0.01 * want, f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})"
     assert sum(got["memory"]["at_peak"].values()) == peak  # the breakdown adds up to the peak
@@ -142,7 +142,7 @@ def test_im2col_convolution_scratch_matches_the_cpu_allocator(name):
 def test_breakdown_of_a_hand_counted_step():
     """A bias-free linear layer and SGD: at the peak the parameters, the input and the gradient."""
     model = nn.Linear(64, 32, bias=False)
-    got = train_step(ModelTarget("lin", None, instance=model), [InputSpec((8, 64))], TrainOptions("sgd"))
+    got = train_step(ModelTarget("lin", None, instance=model), [InputSpec((8, 64))], stand_in("sgd"))
     at = got["memory"]["at_peak"]
     assert at["params"] == 64 * 32 * 4 and at["inputs"] == 8 * 64 * 4 and at["optimizer_state"] == 0
     assert at["grads"] == 64 * 32 * 4  # the weight's gradient is live when the optimizer steps
@@ -157,7 +157,7 @@ def test_grouped_convolution_backward_is_not_counted_groups_times():
     """Depthwise conv: its backward costs twice its forward (input and weight gradients), where
     torch.utils.flop_counter counts the input gradient ``groups`` times over."""
     model = nn.Sequential(nn.Conv2d(8, 32, 1), nn.Conv2d(32, 32, 3, padding=1, groups=32))
-    got = train_step(ModelTarget("dw", None, instance=model), [InputSpec((2, 8, 16, 16))], TrainOptions("sgd"))
+    got = train_step(ModelTarget("dw", None, instance=model), [InputSpec((2, 8, 16, 16))], stand_in("sgd"))
     first, depthwise = 2 * 16 * 16 * 32 * 8, 2 * 16 * 16 * 32 * 9  # [N*H*W*Cout*Cin/groups*k*k]
     assert got["phases"]["forward"]["flops"] == first + depthwise
     # the first conv needs no input gradient: its weight's; the depthwise conv both
@@ -176,7 +176,7 @@ def test_why_the_backward_is_not_twice_the_forward():
     """A frozen first layer computes neither gradient and the layer after it no input gradient; the
     reasons add up to backward − 2 × forward, by hand."""
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 4))
-    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("sgd", freeze=("0",)))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], stand_in("sgd", freeze=("0",)))
     why = {w["reason"]: w for w in got["backward_forward_why"]}
     first, second, third = 4 * 16 * 32, 4 * 32 * 8, 4 * 8 * 4
     assert why["no input gradient"]["modules"] == ["0", "2"] and why["no input gradient"]["flops"] == -(first + second)
@@ -189,7 +189,7 @@ def test_backward_peak_and_largest_tensors_name_their_module_and_line():
     """A peak in the backward names the module whose gradient runs and the model's line that called
     it; the largest tensors (parameters and gradients included) their module and line."""
     got = train_step(ModelTarget("llama_tiny", None, instance=zoo.create_model("llama_tiny")),
-                     [InputSpec((1, 64), torch.int64)], TrainOptions("sgd"))["memory"]
+                     [InputSpec((1, 64), torch.int64)], stand_in("sgd"))["memory"]
     assert got["peak_at"]["phase"] == "backward" and got["peak_at"]["module"] == "tok_embeddings"
     assert got["peak_at"]["source"].startswith("zoo/llama.py:")
     assert {t["module"] for t in got["largest"][:4]} == {"tok_embeddings", "output"}  # weights and their gradients
@@ -198,7 +198,7 @@ def test_backward_peak_and_largest_tensors_name_their_module_and_line():
 
 def test_frozen_parameters_have_no_gradient_and_no_state():
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))
-    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], TrainOptions("adamw", freeze=("0",)))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((4, 16))], stand_in("adamw", freeze=("0",)))
     at = got["memory"]["at_peak"]
     assert at["optimizer_state"] == 2 * (16 * 4 + 4) * 4 + 2 * 4  # exp_avg, exp_avg_sq of layer 1; a float step per parameter
     assert at["params"] == (16 * 16 + 16 + 16 * 4 + 4) * 4
@@ -341,7 +341,7 @@ def test_train_json_from_the_command_line(capsys):
 def test_checkpoint_recompute_is_its_own_phase():
     """Non-reentrant checkpointing recomputes each block's first linear and GELU in the backward,
     and stops there (its last linear's output is not needed): 4 blocks x 16*64*256."""
-    got = train_step(ModelTarget("b", None, instance=Blocks()), [InputSpec((16, 64))], TrainOptions())
+    got = train_step(ModelTarget("b", None, instance=Blocks()), [InputSpec((16, 64))], stand_in())
     assert got["phases"]["recompute"]["flops"] == 4 * 16 * 64 * 256
     assert got["phases"]["forward"]["flops"] == 4 * 2 * 16 * 64 * 256 + 16 * 64 * 10
 
@@ -350,7 +350,7 @@ def test_attention_and_embedding_backward_are_counted():
     """The zoo's Llama: nothing of its step is uncounted; its backward is over twice the forward
     because attention's backward recomputes the scores (torch.utils.flop_counter's convention)."""
     got = train_step(ModelTarget("llama", None, instance=zoo.create_model("llama_tiny")),
-                     [InputSpec((1, 32), torch.int64)], TrainOptions())
+                     [InputSpec((1, 32), torch.int64)], stand_in())
     assert got["uncounted"] == {}
     assert 2.0 < got["backward_forward_ratio"] < 2.1
 
@@ -398,7 +398,7 @@ def test_saved_for_backward_by_module():
     and the second linear's weight gradient read it); the first linear's output is not (ReLU saves
     its result), nor the model's output (released before the backward)."""
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((32, 64))], TrainOptions("sgd"))
+    got = train_step(ModelTarget("m", None, instance=model), [InputSpec((32, 64))], stand_in("sgd"))
     assert got["saved_for_backward"] == {"1": 32 * 128 * 4}
 
 
@@ -431,7 +431,7 @@ def test_a_step_that_needs_values_runs_for_real():
     allocator's."""
     torch.manual_seed(0)
     want = step_peak(ValueBranch(), [torch.randn(8, 16)], "adamw")
-    got = archscan.scan(ModelTarget("vb", ValueBranch), [(8, 16)], train=True, recommend=False, rules=[]).training_step
+    got = archscan.scan(ModelTarget("vb", ValueBranch), [(8, 16)], train=stand_in(), recommend=False, rules=[]).training_step
     assert got["basis"].startswith("a real run on seeded random inputs")
     assert abs(got["memory"]["peak_bytes"] - want) <= 0.01 * want
 

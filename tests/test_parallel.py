@@ -17,6 +17,7 @@ from test_bad_input import run as _run
 from archscan.errors import ArchscanError
 from archscan.load.targets import parse_input_spec, to_target
 from archscan.memory.train import TrainOptions
+from memory_oracle import stand_in
 from archscan.parallel import ParallelSpec, run
 from archscan.parallel.spec import meshes
 from archscan.parallel.step import wire_bytes
@@ -52,7 +53,7 @@ def one_error_line(capsys, args: list[str], needle: str) -> None:
 
 
 def _section(target: str, kwargs, spec: str, shape: str, options: TrainOptions | None = None) -> dict:
-    return run(to_target(target), [parse_input_spec(shape)], options or TrainOptions(), ParallelSpec.parse(spec),
+    return run(to_target(target), [parse_input_spec(shape)], options or stand_in(), ParallelSpec.parse(spec),
                kwargs=kwargs)
 
 
@@ -101,7 +102,7 @@ def test_hugging_face_decoder_tensor_parallel_plan(spec):
 def test_fsdp_mixed_precision_gathers_bf16_and_reduces_fp32():
     """--amp bf16 under FSDP2 is its MixedPrecisionPolicy: parameters gathered in bf16 (half the
     bytes), gradients reduce-scattered in float32; the peak as a real run's."""
-    options = TrainOptions.parse(amp="bf16")
+    options = TrainOptions.parse(amp="bf16", loss="sum", release_output=True)
     section = _section("zoo:llama_tiny", LLAMA, "fsdp=4", "2,128:int64", options)
     fp32 = _section("zoo:llama_tiny", LLAMA, "fsdp=4", "2,128:int64")
     assert "MixedPrecisionPolicy" in section["plan"]

@@ -5,9 +5,14 @@ parameters frozen in the model or with ``--freeze``) with the optimizer asked fo
 first steps once on zero gradients, which makes its state; the step analysed is then a steady
 one. Nothing is allocated and nothing computed: every tensor is fake.
 
-The loss is the sum of every floating-point output that requires grad (``sum(t.sum())``): its
-backward reaches every parameter a real loss would, and costs what a real loss's backward costs
-beyond the loss itself.
+The loss is what a user's loop computes (``TrainOptions.loss``, ``LOSSES``): the model's own
+(its ``labels`` argument given the input ids, as Hugging Face models take them), cross-entropy
+over logits against integer targets, mean squared error, or the sum of every floating-point
+output that requires grad. ``auto`` picks the model's own where it computes one, cross-entropy
+where the output looks like logits, else the sum. The targets are data: they exist before the
+forward, as a loop's batch does. The loop holds the model's output until the step ends
+(``out = model(x); loss = f(out, y); loss.backward(); optimizer.step()``), unless
+``release_output`` (``del out`` before backward, as a careful loop does).
 
 Costs per phase (forward, backward, the recompute of checkpointed regions, optimizer) are
 archscan's per-op formulas (the registry of ``archscan.costs``); a backward op whose result
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import pickle
 from dataclasses import dataclass
@@ -48,6 +54,7 @@ OPTIMIZERS = {"sgd": ("SGD", {"lr": 0.1}), "sgd-momentum": ("SGD", {"lr": 0.1, "
 IMPLS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PHASES = ("forward", "backward", "optimizer")
+LOSSES = ("auto", "model", "cross-entropy", "mse", "sum")
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,16 @@ class TrainOptions:
     checkpoint: tuple[str, ...] = ()  # module paths run under torch.utils.checkpoint (non-reentrant)
     set_to_none: bool = True          # zero_grad(set_to_none=...): False keeps the gradients between steps
     inplace: bool = False             # activation modules with an ``inplace`` switch run in place
+    loss: str = "auto"                # LOSSES
+    release_output: bool = False      # the loop lets the model's output go before backward (``del out``)
 
     @classmethod
     def parse(cls, optimizer: str | None = None, amp: str | None = None, freeze: Sequence[str] = (),
-              snapshot: str | None = None) -> "TrainOptions":
-        """From the command line's words: ``--optimizer NAME[:IMPL]``, ``--amp``, ``--freeze`` (checked)."""
+              snapshot: str | None = None, loss: str | None = None, release_output: bool = False) -> "TrainOptions":
+        """From the command line's words: ``--optimizer NAME[:IMPL]``, ``--amp``, ``--freeze``,
+        ``--loss``, ``--release-output`` (checked)."""
+        if loss is not None and loss not in LOSSES:
+            raise ArchscanError(f"unknown --loss {loss!r}", hint=f"use one of: {', '.join(LOSSES)}")
         name, _, impl = (optimizer or "adamw").partition(":")
         if name not in OPTIMIZERS:
             raise ArchscanError(f"unknown optimizer {name!r}", hint=f"use one of: {', '.join(OPTIMIZERS)} (NAME[:IMPL])")
@@ -75,14 +87,14 @@ class TrainOptions:
             raise ArchscanError(f"unknown optimizer implementation {impl!r}", hint=f"use one of: {', '.join(IMPLS)}")
         if amp is not None and amp not in AMP:
             raise ArchscanError(f"unknown --amp {amp!r}", hint=f"use one of: {', '.join(AMP)}")
-        return cls(name, impl or None, amp, tuple(freeze), snapshot)
+        return cls(name, impl or None, amp, tuple(freeze), snapshot, loss=loss or "auto", release_output=release_output)
 
     def to_json(self) -> dict:
         return {"optimizer": self.optimizer, "impl": self.impl or "default", "amp": self.amp, "freeze": list(self.freeze),
                 **({"snapshot": self.snapshot} if self.snapshot else {}),
                 **({"checkpoint": list(self.checkpoint)} if self.checkpoint else {}),
                 **({"inplace": True} if self.inplace else {}),
-                "loss": "sum of every floating-point output that requires grad",
+                "loss": self.loss, "output": "released before backward" if self.release_output else "held until the step ends",
                 "zero_grad": f"set_to_none={self.set_to_none}"}
 
 
@@ -175,7 +187,8 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
         basis = f"a real run on seeded random inputs ({short(exc.__cause__)} on fake tensors)"
     if options.snapshot:
         _write_snapshot(snapshot(tracker), options.snapshot)
-    return {"options": options.to_json(), "basis": basis, **_costs(tracker, grad_keys=tracker.serials_of(grads)),
+    return {"options": options.to_json(), "basis": basis, "loss": tracker.loss,
+            **_costs(tracker, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
 
 
@@ -243,9 +256,10 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
             if not options.set_to_none:  # the gradients stay allocated between steps
                 for p in params:
                     p.grad = torch.zeros_like(p)
+            plan = _loss_plan(model, call, options)
             tracker.register(*weights(model))
             tracker.register([p.grad for p in params if p.grad is not None], "grads")
-            tracker.register(call.tensors(), "inputs")
+            tracker.register(plan.call.tensors() + ([plan.targets] if plan.targets is not None else []), "inputs")
             tensors, _, modules = weights(model)
             owner = {id(p): m for p, m in zip(tensors, modules)}
             state = [(v, owner.get(id(p))) for p, s in optimizer.state.items() for v in s.values()
@@ -253,7 +267,7 @@ def _analysed_step(model: nn.Module, call, options: TrainOptions, base, target: 
             tracker.register([v for v, _ in state], "optimizer_state", [m for _, m in state])
             tracker.peak.bytes = tracker.bytes
             with runtime(tracker), tracker, gpu_kernels():
-                grads = _step(model, call, optimizer, options, tracker)
+                grads = _step(model, call, optimizer, options, tracker, plan)
     except ArchscanError:
         raise
     except Exception as exc:
@@ -367,24 +381,131 @@ def _convolution_backward_split(args, kwargs, out, flops: int) -> tuple[tuple[in
     return (flops * bool(mask[0]) // max(kernels, 1), to_input), to_input + to_weight
 
 
-def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker) -> list:
-    """forward, loss, backward, optimizer step, zero_grad(set_to_none=True); the gradients it made."""
+@dataclass
+class _Loss:
+    """The loss a step computes (``_loss_plan``): its kind, the model's call (with ``labels`` for
+    the model's own), the targets made before the forward (a guess of their shape for
+    cross-entropy and mean squared error, made again after the forward where it was wrong), and
+    how it was chosen."""
+
+    kind: str                          # LOSSES, "auto" until the output is seen
+    call: Any
+    targets: torch.Tensor | None
+    why: str
+
+
+def _loss_plan(model: nn.Module, call, options: TrainOptions) -> _Loss:
+    """The loss ``options.loss`` asks for, and its data, made now (under the step's fake mode)."""
+    kind = options.loss
+    try:
+        params = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    tokens = next((t for t in call.tensors() if t.dim() == 2 and not t.is_floating_point() and t.dtype != torch.bool),
+                  None)  # [batch, tokens] ids: a language model's input, its targets' shape and values
+    given = "labels" in call.kwargs
+    why = "asked for (--loss)"
+    if kind == "auto" and (given or ("labels" in params and tokens is not None)):
+        kind, why = "model", "the model computes its own loss (it takes labels)"
+    if kind == "model":
+        if not given:
+            if "labels" not in params:
+                raise ArchscanError(f"--loss model: {type(model).__name__}.forward takes no labels argument",
+                                    hint="use --loss cross-entropy, mse or sum, or pass the labels: --input labels=...")
+            if tokens is None:
+                raise ArchscanError("--loss model: no integer input of shape [batch, tokens] to give as labels",
+                                    hint="pass the labels: --input labels=SHAPE:int64")
+            call = type(call)(call.args, {**call.kwargs, "labels": tokens.clone()})
+        return _Loss("model", call, None, why)
+    first = next(iter(call.tensors()), None)
+    targets = None
+    if kind in ("auto", "cross-entropy"):  # classes of [N, C] logits, or the next tokens of [N, T, V] ones
+        targets = tokens.clone() if tokens is not None else \
+            torch.zeros(first.shape[:1] if first is not None and first.dim() else (1,), dtype=torch.long)
+    elif kind == "mse" and first is not None and first.is_floating_point():
+        targets = torch.zeros_like(first)  # an autoencoder's, a denoiser's target: shaped as its input
+    return _Loss(kind, call, targets, why)
+
+
+def _looks_like_logits(out: torch.Tensor, targets: torch.Tensor | None) -> bool:
+    """Class scores: [N, C], or [N, T, V] over a language model's tokens."""
+    return out.dim() == 2 or (out.dim() == 3 and targets is not None and targets.dim() == 2
+                              and tuple(targets.shape) == tuple(out.shape[:2]))
+
+
+def _loss_of(output: Any, outs: list[torch.Tensor], plan: _Loss, tracker: MemoryTracker) -> torch.Tensor:
+    """The loss ``plan`` says, from the model's output; ``plan.kind`` resolved where it was "auto"."""
+    if plan.kind == "model":
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if loss is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor) \
+                and output[0].dim() == 0:
+            loss = output[0]
+        if not isinstance(loss, torch.Tensor):
+            raise ArchscanError("--loss model: the model was given labels but returned no loss",
+                                hint="use --loss cross-entropy, mse or sum")
+        return loss
+    first = outs[0]
+    if plan.kind == "auto":
+        plan.kind, plan.why = (("cross-entropy", "the output looks like logits") if _looks_like_logits(first, plan.targets)
+                               else ("sum", "the output does not look like logits"))
+    if plan.kind == "cross-entropy":
+        want = tuple(first.shape[:2]) if first.dim() == 3 and _looks_like_logits(first, plan.targets) \
+            else (first.shape[0], *first.shape[2:])
+        _remake_targets(plan, want, torch.long, tracker)
+        if first.dim() == 3 and tuple(plan.targets.shape) == tuple(first.shape[:2]):  # next tokens over a vocabulary
+            return torch.nn.functional.cross_entropy(first.flatten(0, 1), plan.targets.flatten())
+        return torch.nn.functional.cross_entropy(first, plan.targets)
+    if plan.kind == "mse":
+        _remake_targets(plan, tuple(first.shape), first.dtype, tracker)
+        return torch.nn.functional.mse_loss(first, plan.targets)
+    _remake_targets(plan, None, None, tracker)  # a guess auto made and did not use: gone before the loss
+    loss = outs[0].sum()
+    for t in outs[1:]:
+        loss = loss + t.sum()
+    return loss
+
+
+def _remake_targets(plan: _Loss, shape, dtype, tracker: MemoryTracker) -> None:
+    """Targets of ``shape`` (None: none), made again where the guess made before the forward was
+    wrong: as data, outside the step's ops."""
+    if shape is None:
+        plan.targets = None
+        return
+    if plan.targets is not None and tuple(plan.targets.shape) == tuple(shape) and plan.targets.dtype == dtype:
+        return
+    device = next((t.device for t in plan.call.tensors()), None)
+    tracker.paused = True
+    try:
+        plan.targets = torch.zeros(shape, dtype=dtype, device=device)
+    finally:
+        tracker.paused = False
+    tracker.register([plan.targets], "inputs")
+
+
+def _step(model, call, optimizer, options: TrainOptions, tracker: MemoryTracker, plan: _Loss | None = None) -> list:
+    """forward, loss, backward, optimizer step, zero_grad(set_to_none=True); the gradients it made.
+    The loop holds the model's output until the step ends unless ``options.release_output``."""
     def phase(name: str) -> None:
         tracker.phase = name
         tracker.where = ""
 
+    plan = plan if plan is not None else _Loss("sum", call, None, "asked for (--loss)")
     phase("forward")
     amp = torch.autocast("cpu", dtype=AMP[options.amp]) if options.amp else contextlib.nullcontext()
     with amp:
-        output = call(model)
-    outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
-    if not outs:
-        raise ArchscanError("no floating-point output of the model requires grad: there is nothing to train",
-                            hint="the model's output must depend on a parameter that requires grad")
-    loss = outs[0].sum()
-    for t in outs[1:]:
-        loss = loss + t.sum()
-    del output, outs
+        output = plan.call(model)
+        outs = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+        if not outs:
+            raise ArchscanError("no floating-point output of the model requires grad: there is nothing to train",
+                                hint="the model's output must depend on a parameter that requires grad")
+        loss = _loss_of(output, outs, plan, tracker)
+    tracker.loss = {"kind": plan.kind, "why": plan.why,
+                    **({"targets": {"shape": list(plan.targets.shape), "dtype": str(plan.targets.dtype).replace("torch.", "")}}
+                       if plan.targets is not None else {}),
+                    "output": "released before backward" if options.release_output else "held until the step ends"}
+    del outs
+    if options.release_output:
+        del output
     tracker.saved = _saved_by_module(tracker, loss)
     phase("backward")
     loss.backward()
@@ -440,7 +561,8 @@ def _costs(tracker: _StepTracker, grad_keys: set[int]) -> dict:
             per["bytes"][phase] += mac
     forward = phases["forward"]["flops"]
     return {"phases": phases, "backward": split, "modules": modules,
-            "backward_forward_why": _why_not_two(modules, phases, getattr(tracker, "frozen", set())),
+            "backward_forward_why": _why_not_two(modules, phases, getattr(tracker, "frozen", set()),
+                                                 tracker.op_classes, tracker.uncounted.get("backward", {})),
             "saved_for_backward": tracker.saved,
             "saved_outputs": {p: b for p, b in tracker.saved_outputs.items() if b},
             "phase_peaks": dict(tracker.phase_peaks),
@@ -463,11 +585,13 @@ def backward_category(func, args, category: str) -> str:
     return "conv" if groups == 1 else "depthwise_conv" if groups == channels else "grouped_conv"
 
 
-def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
+def _why_not_two(modules: dict, phases: dict, frozen: set[str], op_classes: dict | None = None,
+                 uncounted: dict | None = None) -> list[dict]:
     """Why the backward is not twice the forward, in multiply-adds against 2 × forward: layers that
     need no input gradient (the first layer: its input needs none), frozen layers (no weight
-    gradient), and every other op whose backward costs other than twice its forward (attention,
-    normalisation, element-wise ops). The items add up to backward − 2 × forward."""
+    gradient), and the rest: the op categories whose backward is not twice their forward (from
+    ``op_classes``), and the backward ops no formula counts (``uncounted``: they count 0), named
+    as they are; where neither tells, it says so. The items add up to backward − 2 × forward."""
     why, explained = [], 0
     no_input = {m: v["forward"] for m, v in modules.items()
                 if v["forward"] and not v["input_grad"] and (v["weight_grad"] or m in frozen)}
@@ -479,9 +603,23 @@ def _why_not_two(modules: dict, phases: dict, frozen: set[str]) -> list[dict]:
             explained += flops
     rest = phases["backward"]["flops"] - 2 * phases["forward"]["flops"] - explained
     if rest:
-        why.append({"reason": "other ops: backward not 2 × forward (attention, normalisation, element-wise)",
-                    "flops": rest, "modules": []})
+        why.append({"reason": _rest_reason(op_classes or {}, uncounted or {}), "flops": rest, "modules": []})
     return why
+
+
+def _rest_reason(op_classes: dict, uncounted: dict) -> str:
+    by: dict[str, list[int]] = {}
+    for phase, scale in (("forward", -2), ("backward", 1)):
+        for (op, category, dtype), (n, flops, *_) in op_classes.get(phase, {}).items():
+            by.setdefault(category, [0])[0] += scale * flops
+    off = sorted(((c, d[0]) for c, d in by.items() if d[0]), key=lambda kv: -abs(kv[1]))[:3]
+    parts = []
+    if off:
+        parts.append("categories whose backward is not 2 × forward: " + ", ".join(c for c, _ in off))
+    if uncounted:
+        parts.append("backward ops no formula counts (0 here): "
+                     + ", ".join(f"{op} ×{n}" for op, n in sorted(uncounted.items(), key=lambda kv: -kv[1])[:4]))
+    return "other ops: " + ("; ".join(parts) if parts else "not broken down")
 
 
 def _write_snapshot(data: dict, path: str) -> None:

@@ -142,8 +142,10 @@ def memory_lines(report: Report) -> list[str]:
         options = step["options"]
         lines.append(_memory_line("train mem  ", step["memory"]))
         ratio = step.get("backward_forward_ratio")
+        loss = step.get("loss")
         lines.append(f"train step {options['optimizer']} ({options['impl']}"
                      + (f", autocast {options['amp']}" if options["amp"] else "") + ")"
+                     + (f", loss {loss['kind']} ({loss['why']}; the output {loss['output']})" if loss else "")
                      + (f", backward/forward {ratio:.2f}" if ratio is not None else ""))
         lines.extend(_phase_table(step))
         why = [("" if w["flops"] < 0 else "+") + fmt_count(w["flops"]) + " "

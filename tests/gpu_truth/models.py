@@ -215,7 +215,8 @@ MEMORY_CASES = {
     "mem_vit_b_16_fwd_b64": (f"{HERE}:vit_b_16", "64,3,224,224", None, None, False),
     "mem_llama_1b_fwd_1x8192_bf16": (f"{HERE}:llama_1b", "1,8192:int64", "bfloat16", None, False),
 }
-# Recorded with the model's own loss (labels=input_ids): archscan's step sums the outputs instead.
+# Recorded with the model's own loss (labels=input_ids), the output held to the end: archscan's
+# default step (--loss auto); the cases above sum the outputs and release them (--loss sum --release-output).
 OWN_LOSS = ("mem_roberta_base_train_8x512_labels", "mem_llama_1b_train_2x2048_bf16w_labels")
 
 # The held-out set, recorded on an H100 (heldout-h100-2026-11-26): kept apart from the recorded set
