@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import archscan
+from archscan.errors import ArchscanError
 from archscan import zoo
 from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory.budget import Budget, batched, blocks, largest_batch, parse_budget
@@ -45,6 +46,15 @@ def test_largest_batch_by_hand():
     assert largest_batch(lambda b: 1000 + 100 * b, 1050)["max_batch"] == 0
     assert largest_batch(lambda b: 1000, 5000)["max_batch"] is None
     # any peak that grows, affine or not: bisection agrees with a plain scan
+    def from_two(b):  # a model that cannot run one sample
+        if b == 1:
+            raise ArchscanError("Expected more than 1 value per channel when training")
+        return 1000 + 100 * b
+
+    two = largest_batch(from_two, 1000 + 100 * 37 + 50)
+    assert two["max_batch"] == 37 and two["smallest"] == 2 and "more than 1 value" in two["smallest_why"]
+    assert two["fixed_bytes"] == 1000 and two["per_sample_bytes"] == 100
+    assert largest_batch(from_two, 1150)["max_batch"] == 0
     wobbly = lambda b: 1000 + 100 * b + (b % 3) * 60  # noqa: E731
     budget = 1000 + 100 * 80
     assert largest_batch(wobbly, budget)["max_batch"] == max(b for b in range(1, 200) if all(
@@ -68,6 +78,9 @@ CONFIGS = {
     "encoder-adamw": (lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2),
                       [InputSpec((1, 16, 64))], "adamw", 7),
     "checkpointed-adamw": (Blocks, [InputSpec((1, 64))], "adamw", 30),
+    # a batch norm over features: one sample does not train (the search starts at two)
+    "batchnorm1d-adamw": (lambda: nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 10)),
+                          [InputSpec((1, 64))], "adamw", 40),
 }
 
 

@@ -127,8 +127,10 @@ def largest_batch(peak_of: Callable[[int], int | tuple[int, dict]], budget: int)
     peak and each phase's peak, whose lines give a better first guess where the peak moves from
     one phase to another): ``{"max_batch", "peak_bytes_at_max",
     "next_peak_bytes" (the batch after it), "method" ("affine" | "search"), "per_sample_bytes" and
-    "fixed_bytes" (when affine), "runs"}``; ``max_batch`` 0 when batch 1 does not fit, None when the
-    peak does not grow with the batch."""
+    "fixed_bytes" (when affine), "runs"}``; ``max_batch`` 0 when the smallest batch does not fit, None
+    when the peak does not grow with the batch. The smallest batch is 1, or 2 where the model
+    cannot run one sample (a training step's batch norm needs more than one value per channel):
+    ``smallest`` and ``smallest_why`` say so."""
     peaks: dict[int, int] = {}
     phases: dict[int, dict] = {}
 
@@ -138,15 +140,21 @@ def largest_batch(peak_of: Callable[[int], int | tuple[int, dict]], budget: int)
             peaks[batch], phases[batch] = got if isinstance(got, tuple) else (got, {})
         return peaks[batch]
 
-    p1, p2, p3 = peak(1), peak(2), peak(3)
+    first, why = 1, None
+    try:
+        peak(1)
+    except ArchscanError as exc:  # one sample does not run: the search starts at two, or fails as two does
+        first, why = 2, str(exc)
+    p1, p2, p3 = peak(first), peak(first + 1), peak(first + 2)
     slope = p2 - p1
     affine = slope > 0 and p3 - p2 == slope
+    smallest = {"smallest": first, "smallest_why": f"batch 1 does not run: {why}"} if why else {}
 
     def answer(batch: int, method: str) -> dict:
-        nxt = peak(batch + 1)
+        nxt = peak(max(batch, first - 1) + 1)
         return {"max_batch": batch, "peak_bytes_at_max": peaks.get(batch), "next_peak_bytes": nxt, "method": method,
                 "per_sample_bytes": nxt - peaks[batch] if batch else slope,
-                **({"fixed_bytes": p1 - slope} if method == "affine" else {}), "runs": len(peaks)}
+                **({"fixed_bytes": p1 - slope * first} if method == "affine" else {}), "runs": len(peaks), **smallest}
 
     if p1 > budget:
         return answer(0, "affine" if affine else "search")
@@ -156,15 +164,17 @@ def largest_batch(peak_of: Callable[[int], int | tuple[int, dict]], budget: int)
     # From the line through batches 2 and 3, Newton steps on the local slope: exact at once where the
     # peak is affine, a few steps where it is piecewise affine (the peak moves to another layer as the
     # batch grows, or a kernel's scratch changes with it)
-    lines = [(phases[3][k], phases[3][k] - phases[2][k]) for k in phases[3] if k in phases[2]] or [(p3, p3 - p2)]
-    guess = max(1, min((3 + (budget - at) // slope for at, slope in lines if slope > 0), default=3))
+    third, second = first + 2, first + 1
+    lines = [(phases[third][k], phases[third][k] - phases[second][k]) for k in phases[third] if k in phases[second]] \
+        or [(p3, p3 - p2)]
+    guess = max(first, min((third + (budget - at) // slope for at, slope in lines if slope > 0), default=third))
     for step in range(8):
         if guess > MAX_BATCH:
             break
         if peak(guess) <= budget < peak(guess + 1):
             return answer(guess, "affine" if affine and step == 0 else "piecewise")
         local = peak(guess + 1) - peak(guess)
-        nxt = max(1, guess + (budget - peak(guess)) // local) if local > 0 else guess
+        nxt = max(first, guess + (budget - peak(guess)) // local) if local > 0 else guess
         if nxt == guess:
             break
         guess = nxt

@@ -236,7 +236,8 @@ def budget_lines(memory: dict) -> list[str]:
     if budget.get("max_batch") is None:
         found = budget.get("reason", "no largest batch")
     elif budget["max_batch"] == 0:
-        found = f"even batch 1 does not fit: its {what} peaks at {fmt_bytes(budget['next_peak_bytes'])}"
+        found = (f"even batch {budget.get('smallest', 1)} does not fit: its {what} peaks at "
+                 f"{fmt_bytes(budget['next_peak_bytes'])}")
     else:
         at, nxt = _apart(budget["peak_bytes_at_max"], budget["next_peak_bytes"])
         ran_out = "runs out of memory" in (budget.get("counts") or "")  # on a GPU: the allocator's answer
@@ -246,7 +247,8 @@ def budget_lines(memory: dict) -> list[str]:
                     f"{fmt_bytes(budget['fixed_bytes'])}" if budget["method"] == "affine"
                     else budget["method"] if ran_out
                     else f"{budget['method']}: {fmt_bytes(budget['per_sample_bytes'])} per sample there")
-                 + f"; {budget['runs']} analyses")
+                 + f"; {budget['runs']} analyses"
+                 + (f"; from batch {budget['smallest']} ({budget['smallest_why']})" if budget.get("smallest") else ""))
     lines = [f"budget     {budget['label']}: {found}" + (f"; counted by {budget['counts']}" if budget.get("counts") else "")]
     plan = memory.get("checkpoint_plan")
     if plan:
