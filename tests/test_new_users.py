@@ -410,6 +410,7 @@ def test_decode_step_with_a_kv_cache_by_hand(capsys):
     for cell in kv["grid"]:  # weights + KV over batch x context, against the L4's 24 GiB
         assert cell["bytes"] == weights + kv["bytes_per_token"] * cell["batch"] * cell["context"]
         assert cell["fits"] == (cell["bytes"] <= 24 << 30)
+    assert {c["context"] for c in kv["grid"]} == {2048}  # not past the model's 4,096 positions (8k and up)
     assert main(["zoo:resnet18", "--decode", "16"]) == 2
     assert "--decode takes one input of token ids" in capsys.readouterr().err
     assert main(["zoo:llama_tiny", "--input", "1,1:int64", "--decode", "5000"]) == 2

@@ -295,7 +295,7 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
                                          "modules": [m for _, _, m in costs.context_gemms]}
     weights = _storage_bytes([*model.parameters(), *model.buffers()])
     per_token, fixed = _growth(run.held, batch, context, specs[0].shape[1])
-    cells = memory_grid(weights, per_token, _memory_of(profile), fixed)
+    cells = memory_grid(weights, per_token, _memory_of(profile), fixed, positions[0] if positions else None)
     kv_cache = {"bytes": kv_bytes, "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
                 "tokens": context, "batch": batch, "tensors": len(cached), "weights_bytes": weights, "grid": cells}
     if grid and profile is not None:
@@ -486,11 +486,14 @@ def _growth(held: tuple[int, int], batch: int, context: int, new: int) -> tuple[
     return per_token, max(before - per_token * batch * context, 0) // batch
 
 
-def memory_grid(weights: int, per_token: int, limit: int | None = None, fixed: int = 0) -> list[dict]:
+def memory_grid(weights: int, per_token: int, limit: int | None = None, fixed: int = 0,
+                positions: int | None = None) -> list[dict]:
     """Weights + KV cache over a batch × context grid (per sequence, ``fixed`` bytes and
     ``per_token`` for each token: linear in the batch and in the context), and whether each fits
-    ``limit`` bytes (a named GPU's memory) when known."""
-    cells = [(b, c, weights + b * (fixed + per_token * c)) for b in GRID_BATCHES for c in GRID_CONTEXTS]
+    ``limit`` bytes (a named GPU's memory) when known. Contexts past the model's ``positions`` are
+    left out, as the speed grid leaves them: the model cannot run there."""
+    contexts = [c for c in GRID_CONTEXTS if positions is None or c <= positions]
+    cells = [(b, c, weights + b * (fixed + per_token * c)) for b in GRID_BATCHES for c in contexts]
     return [{"batch": b, "context": c, "bytes": total, **({"fits": total <= limit} if limit else {})}
             for b, c, total in cells]
 
