@@ -447,6 +447,16 @@ def test_a_window_and_a_chunk_offset_count_in_both_decode_phases(capsys):
     assert llama["flops"] - llama["executed_flops"] == layers * (full - full * 54 // 57)
 
 
+def test_a_window_of_a_static_cache_reads_the_window(capsys):
+    """A static cache of 256 tokens, written in place, whose attention reads its last 8: the step
+    reads the window's keys and values (2 heads x 8 tokens x 16 x float32 each, the new token's
+    among them), not the storage behind them."""
+    heads, window, head_dim = 2, 8, 16
+    decode = _scan_json(capsys, f"{MODELS}:StaticWindowDecoder", "--input", "1,1:int64", "--decode", "64")
+    assert decode["phases"]["decode"]["kv_read_bytes"] == 2 * heads * window * head_dim * 4
+    assert decode["kv_cache"]["bytes"] == 2 * heads * 256 * head_dim * 4  # what it holds: the whole buffer
+
+
 def test_a_cache_that_stops_growing_is_held_fixed_per_sequence(capsys):
     """A cache that keeps its last tokens only (a sliding window, a fixed-size cache) adds nothing
     per token: its bytes are fixed per sequence, and the memory grid holds them so at every context."""

@@ -51,6 +51,41 @@ from ..load.recording import output_tensors, quiet, user_line
 from ..results import NodeReport
 
 
+def _spans(t: torch.Tensor) -> set[tuple[int, int]]:
+    """The byte ranges of its storage a view's elements occupy (a window of a cache laid out
+    [batch, heads, tokens, dim]: one range per batch and head), merged where contiguous; one range
+    of its size past ``_MAX_RANGES`` of them."""
+    size, start = t.element_size(), t.storage_offset()
+    dims: list[list[int]] = []  # [size, stride], outermost first, contiguous neighbours merged
+    for n, stride in reversed([(n, abs(s)) for n, s in zip(t.shape, t.stride()) if n != 1]):
+        if dims and dims[0][1] * dims[0][0] == stride:
+            dims[0][0] *= n
+        else:
+            dims.insert(0, [n, stride])
+    block = dims.pop()[0] if dims and dims[-1][1] == 1 else 1
+    if t.numel() == 0:
+        return set()
+    if math.prod(n for n, _ in dims) > _MAX_RANGES:
+        return {(start * size, (start + t.numel()) * size)}
+    offsets = [start]
+    for n, stride in dims:
+        offsets = [o + i * stride for o in offsets for i in range(n)]
+    return {(o * size, (o + block) * size) for o in offsets}
+
+
+_MAX_RANGES = 1 << 16
+
+
+def _covered(spans: set[tuple[int, int]]) -> int:
+    """The bytes the union of byte ranges covers."""
+    total, end = 0, 0
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 class _StepCosts(TorchDispatchMode):
     """Costs every op of the step; notes the cache storages the ops read, and the weight GEMMs
     that run over the whole cached context (``rows``: the tokens cached after the step)."""
@@ -60,7 +95,8 @@ class _StepCosts(TorchDispatchMode):
         self.weight_keys, self.cache_keys, self.rows = weight_keys, cache_keys, rows
         self.ops: list = []
         self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
-        self.kv_read: dict[int, int] = {}
+        self.kv_read: dict[int, int] = {}  # cache storage -> the bytes of it the step's ops read
+        self.read_spans: dict[int, set[tuple[int, int]]] = {}  # cache storage -> the byte ranges its views read
         self.from_cache = set(cache_keys)  # storages computed from the cache
         self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
         self.where, self.called_at = "", {}  # the module running now (``memory.module_hooks`` keeps them)
@@ -91,10 +127,14 @@ class _StepCosts(TorchDispatchMode):
         self.ops.append((cost, _dtype(out)))
         self.modules.append(self.where if isinstance(self.where, str) else "")
         derived = [t for t in tensors if storage_key(t) in self.from_cache]
-        for t in derived:
+        written = {id(a) for a, arg in zip(args, func._schema.arguments)
+                   if isinstance(a, torch.Tensor) and arg.alias_info is not None and arg.alias_info.is_write}
+        for t in derived if not func.is_view else ():  # a view reads nothing; a write into the cache is no read
             key = storage_key(t)
-            if key in self.cache_keys:
-                self.kv_read[key] = t.untyped_storage().nbytes()
+            if key in self.cache_keys and id(t) not in written:  # the bytes of the cache this op reads (a sliding
+                spans = self.read_spans.setdefault(key, set())  # window's slice, not the storage behind it)
+                spans.update(_spans(t))
+                self.kv_read[key] = _covered(spans)
         if derived:
             self.from_cache.update(storage_key(t) for t in tensors_in(out))
             if cost.flops and cost.weight_bytes and any(self.rows in t.shape for t in derived):

@@ -415,6 +415,34 @@ class WindowCacheDecoder(nn.Module):
         return (self.out(y), (k, v)) if use_cache else self.out(y)
 
 
+class StaticWindowDecoder(nn.Module):
+    """A decoder whose KV cache is a static buffer of ``max_len`` tokens, written in place, whose
+    attention reads only the last ``window`` of it: Gemma's and Mistral's sliding-window layers
+    over a static cache (the cache holds ``max_len``; a step reads ``window``)."""
+
+    def __init__(self, vocab=100, dim=32, heads=2, window=8, max_len=256):
+        super().__init__()
+        self.heads, self.window, self.max_len = heads, window, max_len
+        self.embed = nn.Embedding(vocab, dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids, past_key_values=None, use_cache=False):
+        x = self.embed(ids)
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if past_key_values is None:
+            keys = x.new_zeros(b, self.heads, self.max_len, c // self.heads)
+            past_key_values = (keys, torch.zeros_like(keys), 0)
+        keys, values, start = past_key_values
+        keys[:, :, start:start + t] = k
+        values[:, :, start:start + t] = v
+        first = max(0, start + t - self.window)
+        y = F.scaled_dot_product_attention(q, keys[:, :, first:start + t], values[:, :, first:start + t])
+        y = self.out(y.transpose(1, 2).reshape(b, t, c))
+        return (y, (keys, values, start + t)) if use_cache else y
+
+
 def _llama(kv_heads: int) -> nn.Module:
     from archscan.zoo.llama import Llama
 
