@@ -167,3 +167,25 @@ def test_llava_after_a_forward_keeps_transformers_output_hooks():
     report = archscan.scan(model, [ids, pixels], recommend=False)
     assert report.totals.flops == want
     assert not any("forward hook" in n for n in report.capture_notes)
+
+
+class ScalarOnTheHost(nn.Module):
+    def forward(self, x):
+        return x * torch.tensor(0.5) + torch.tensor([1.0, 2.0])  # a number, and a 2-element tensor per call
+
+
+@pytest.mark.parametrize("method", ["fx", "export", "eager"])
+def test_a_host_scalar_is_a_number_not_a_copy(method):
+    """A 0-dim tensor made on the host (transformers' sliding-window caches wrap their window size
+    so) is taken by a GPU kernel as a number, with no copy: only the 2-element tensor is flagged."""
+    report = archscan.scan(ScalarOnTheHost(), [(4, 2)], capture_method=method, recommend=False)
+    (finding,) = [f for f in report.findings if f.rule == "host-tensor"]
+    assert finding.saving["copies"] == 1
+
+
+def test_transformers_sliding_window_cache_is_not_a_host_tensor():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128, sliding_window=8)
+    report = archscan.scan(transformers.MistralForCausalLM(config), ["1,16:int64"], recommend=False)
+    assert not [f for f in report.findings if f.rule in ("host-tensor", "host-sync")]

@@ -265,8 +265,8 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
     stop at the innermost ``forward``, so a call made in a helper below it (Hugging Face cache
     code) is not on that line: the export records the calls made below it (``archscan_made_at``, whose
     first line without ``device=`` becomes ``made_at``); without a record ``host_factory_unchecked``
-    says so, unless the tensor is 0-dim with no call on the line, a Python number torch wrapped,
-    which kernels take as a scalar.
+    says so. A 0-dim tensor is never flagged: kernels on any device take a CPU scalar as a number,
+    with no copy.
     """
     attrs: dict = {}
     shared = [a.name for a in node.all_input_nodes
@@ -275,7 +275,9 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
         attrs["shared_inputs"] = shared
     target = node.target
     if node.op == "call_function" and target in _HOST_FACTORIES and node.kwargs.get("device") is None:
-        attrs["host_factory"] = True
+        costs = node.meta.get("archscan")
+        if costs is None or costs.out_shape != ():  # a 0-dim tensor is a number to any device's kernels
+            attrs["host_factory"] = True
     elif node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
         name = target.overloadpacket.__name__
         if name in ("lift_fresh", "lift_fresh_copy"):
@@ -287,7 +289,9 @@ def _placement_attrs(node: torch.fx.Node) -> dict:
                 device = not without
                 if without:
                     attrs["made_at"] = without[0]
-            if device is None and not scalar:
+            if scalar:  # a 0-dim tensor: kernels on any device take a CPU scalar as a number, with no
+                pass    # copy (transformers' caches wrap their window size so), wherever it was made
+            elif device is None:
                 attrs["host_factory_unchecked"] = True
             elif device is False:
                 attrs["host_factory"] = True
@@ -446,8 +450,8 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
         if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
             value = getattr(gm, node.target, None)
             if isinstance(value, torch.Tensor) and (isinstance(value, FakeTensor) or value.is_meta
-                                                    or storage_key(value) in registered):
-                continue  # the model's own state, viewed or computed at trace time
+                                                    or storage_key(value) in registered or value.dim() == 0):
+                continue  # the model's own state, viewed or computed at trace time; or a number
             for user in node.users:
                 out.append({"name": node.target, "consumer": user.name, "source": source_of(user),
                             "shape": list(value.shape) if isinstance(value, torch.Tensor) else None})
