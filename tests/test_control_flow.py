@@ -105,3 +105,4 @@ def test_a_model_captured_by_a_real_run_has_its_memory():
     torch.manual_seed(0)
     want = forward_peak(Branchy().eval(), [torch.randn(512, 64)])
     assert abs(memory["peak_bytes"] - want) <= 0.01 * want, f"{memory['peak_bytes']:,} vs {want:,}"
+

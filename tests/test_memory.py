@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as checkpoint
 
 import archscan
+from archscan.cli import main
 from archscan import zoo
 from archscan.costs import cost_op
 from archscan.load.targets import InputSpec, ModelTarget
@@ -451,3 +452,27 @@ def test_a_real_step_that_would_not_fit_is_refused(capsys, monkeypatch, tmp_path
     assert main([f"{model_file}:Net", "--input", "4,16", "--train"]) == 4
     err = capsys.readouterr().err
     assert "needs tensor values" in err and "GiB is free" in err and err.count("\n") == 1
+
+
+class Video(nn.Module):
+    """A 3-D convolution, then an LSTM over time: kernels whose CPU scratch archscan does not model."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, 3)
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+
+    def forward(self, x):
+        frames = self.conv(x).mean((3, 4)).transpose(1, 2)  # [N, T, C]
+        return self.lstm(frames)[0]
+
+
+def test_ops_without_a_scratch_model_are_named_not_hidden(capsys):
+    """A figure across kernels whose own scratch is not modelled says so (it may be low), naming
+    them; a model of 2-D convolutions and linear layers names none."""
+    step = archscan.scan(Video(), [(2, 3, 8, 16, 16)], recommend=False, train=True).training_step["memory"]
+    assert step["unmodelled_scratch"]["conv3d"] == 2  # forward and backward, both before the step's peak
+    assert "rnn (oneDNN)" in step["unmodelled_scratch"] or "lstm" in step["unmodelled_scratch"]
+    assert "unmodelled_scratch" not in archscan.scan("zoo:resnet18", [(1, 3, 64, 64)], recommend=False, rules=[]).memory
+    assert main(["zoo:resnet18", "--input", "1,3,32,32"]) == 0
+    assert "not modelled" not in capsys.readouterr().out

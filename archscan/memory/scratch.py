@@ -55,6 +55,48 @@ def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
+def _conv_kind(x, transposed) -> str | None:
+    """A convolution the CPU's scratch entries do not model: 1-D, 3-D or transposed (their oneDNN
+    and slow paths allocate inside, unmeasured); None for a 2-D one."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    dims = x.dim() - 2
+    if transposed:
+        return f"conv_transpose{dims}d"
+    return None if dims == 2 else f"conv{dims}d"
+
+
+# Ops whose CPU kernels allocate inside themselves where no entry above models it, by the name a
+# report gives them (``unmodelled_scratch``): a memory figure across them may be low by their
+# scratch, and the report says so rather than give a quiet figure.
+_UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
+    aten.convolution: lambda x, w, b, stride, padding, dilation, transposed, *rest: _conv_kind(x, transposed),
+    aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, *rest:
+        _conv_kind(x, transposed),
+    aten.native_layer_norm: lambda x, *rest: None if x.is_contiguous() else "layer_norm of a permuted input",
+    aten._fft_r2c: lambda *args: "fft",
+    aten._fft_c2r: lambda *args: "fft",
+    aten._fft_c2c: lambda *args: "fft",
+    aten._thnn_fused_lstm_cell: lambda *args: "lstm",
+    aten._thnn_fused_lstm_cell_backward_impl: lambda *args: "lstm",
+    aten._thnn_fused_gru_cell: lambda *args: "gru",
+    aten.mkldnn_rnn_layer: lambda *args: "rnn (oneDNN)",
+    aten.mkldnn_rnn_layer_backward: lambda *args: "rnn (oneDNN)",
+}
+
+
+def unmodelled_scratch(func, args: tuple) -> str | None:
+    """The op's name where its kernel allocates scratch that no entry models, under the current
+    execution model (the CPU's list: ``_UNMODELLED_CPU``), else None."""
+    if current().is_gpu:
+        return None
+    fn = _UNMODELLED_CPU.get(func.overloadpacket)
+    try:
+        return fn(*args) if fn is not None else None
+    except Exception:
+        return None
+
+
 def nbytes(t) -> int:
     """A tensor's bytes (0 for anything else: an absent gradient, a size list)."""
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0

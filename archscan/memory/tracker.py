@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from ..costs import tensors_in
 from ..costs.kernels import run_op
 from ..load.recording import run_higher_order
-from .scratch import scratch_bytes
+from .scratch import scratch_bytes, unmodelled_scratch
 
 CATEGORIES = ("params", "grads", "optimizer_state", "activations", "temporaries", "inputs")
 TIMELINE_POINTS = 400  # the timeline keeps at most this many points (each bin's highest moment)
@@ -62,6 +62,7 @@ class Peak:
     source: str | None = None                                # the model's source line then (file:line)
     by_category: dict[str, int] = field(default_factory=dict)
     largest: list[dict] = field(default_factory=list)         # the largest tensors live then
+    unmodelled: dict[str, int] = field(default_factory=dict)  # ops run by then whose scratch no entry models
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -83,6 +84,7 @@ class MemoryTracker(TorchDispatchMode):
         self.where: Any = None
         self.peak = Peak()
         self.scratch = scratch
+        self.unmodelled: dict[str, int] = {}  # op name -> calls so far whose kernel's scratch is not modelled
         self.ops = 0
         self.serials = 0
         # (made, storage, allocating ops so far, phase) in order: made True when made, False when freed
@@ -161,6 +163,9 @@ class MemoryTracker(TorchDispatchMode):
         name = str(func.overloadpacket.__name__)
         new = [self._add(t, made, self.phase, name) for t in tensors_in(out)]
         extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0
+        unmodelled = unmodelled_scratch(func, args) if self.scratch is not None else None
+        if unmodelled is not None:
+            self.unmodelled[unmodelled] = self.unmodelled.get(unmodelled, 0) + 1
         if any(new) or extra:  # the timeline's steps are the ops that allocate (others change nothing)
             self.ops += 1
         scratch = self._scratch(extra, func) if extra else None  # made and freed inside the kernel
@@ -210,7 +215,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def _new_peak(self, op: str, extra: int) -> None:
         self.peak = Peak(self.bytes + extra, self.phase, op, self.where, extra,
-                         self.locate() if self.locate is not None and self.phase == "forward" else None)
+                         self.locate() if self.locate is not None and self.phase == "forward" else None,
+                         unmodelled=dict(self.unmodelled))
         self._peak_at = len(self.log)  # what was live then is replayed from the log at the end
 
     def settle(self, grads: Iterable[torch.Tensor] = ()) -> Peak:

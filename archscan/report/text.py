@@ -126,6 +126,9 @@ def _memory_line(label: str, memory: dict) -> str:
             f"{where['op']} of {place}{source}")
     if memory.get("basis_note"):
         line += f"; {memory['basis_note']}"
+    if memory.get("unmodelled_scratch"):  # a figure that may be low, said so
+        line += ("; ops run by the peak whose kernel's own scratch is not modelled (the figure may be low): "
+                 + ", ".join(f"{op} ×{n}" for op, n in memory["unmodelled_scratch"].items()))
     cuda = memory.get("cuda")
     if cuda:  # counted as a GPU runs it: the caching allocator's view beside the bytes live
         line += (f"; as {memory['execution']['name']} runs it, CUDA's caching allocator reserves "
@@ -419,9 +422,9 @@ def fmt_recommendation_saving(saving: dict) -> str:
 def recommendation_lines(report: Report, limit: int = 5, width: int = DEFAULT_WIDTH) -> list[str]:
     """The top ``limit`` recommendations, numbered: kind, saving and basis, reason, the command that applies it."""
     recs = report.recommendations
-    head = f"recommendations (top {min(limit, len(recs))} of {len(recs)}, by time saved, else bytes"
+    head = f"recommendations (top {min(limit, len(recs))} of {len(recs)}, by time saved, else bytes; retraining last"
     head += "; --json lists all)" if len(recs) > limit else ")"
-    lines = [head]
+    lines = _wrap_prose(head, width)
     for i, r in enumerate(recs[:limit], 1):
         says = fmt_recommendation_says(r.estimated_saving, r.basis, r.verified)
         body = _wrap_prose(f"{r.kind}: {says}. {r.reason}", width - 3)
