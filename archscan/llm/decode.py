@@ -210,12 +210,26 @@ def _cache_of(output: Any) -> Any:
                              "(logits, past_key_values) or an object with .past_key_values")
 
 
+def decoder_tokens(specs: Sequence[InputSpec]) -> InputSpec:
+    """The input of the new tokens a decode step takes: ``decoder_input_ids`` for an
+    encoder-decoder (the other inputs are the encoder's), else the one input."""
+    return next((s for s in specs if s.name == "decoder_input_ids"), specs[0])
+
+
 def check_decode(specs: Sequence[InputSpec], context: int) -> None:
-    """One line, before any analysis, for a --decode the inputs cannot take."""
+    """One line, before any analysis, for a --decode the inputs cannot take: one input of token
+    ids, or an encoder-decoder's encoder inputs and ``decoder_input_ids``."""
     if context < 1:
         raise ArchscanError(f"--decode {context}: the cache must hold at least one token", hint="--decode 2048")
-    if len(specs) != 1 or specs[0].dtype.is_floating_point or len(specs[0].shape) != 2:
-        raise ArchscanError("--decode takes one input of token ids, [batch, new tokens]", hint="--input 1,1:int64")
+    tokens = decoder_tokens(specs)
+    if (len(specs) != 1 and tokens.name != "decoder_input_ids") or tokens.dtype.is_floating_point \
+            or len(tokens.shape) != 2 or tokens.path:
+        raise ArchscanError("--decode takes one input of token ids, [batch, new tokens], or an encoder-decoder's "
+                            "inputs and decoder_input_ids=[batch, new tokens]",
+                            hint="--input 1,1:int64, or --input 1,512:int64 --input decoder_input_ids=1,1:int64")
+    if any(s.shape[:1] != tokens.shape[:1] for s in specs):
+        raise ArchscanError("--decode: the encoder's inputs and decoder_input_ids must have the same batch",
+                            hint="give every --input the same first dimension")
 
 
 def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, kwargs: dict | None = None,
@@ -233,10 +247,11 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         model = build_fake(target, kwargs or {}, dtype, fake_mode, specs)
     positions = max_positions(model)
-    if positions is not None and context + specs[0].shape[1] > positions[0]:
+    new = decoder_tokens(specs).shape[1]
+    if positions is not None and context + new > positions[0]:
         raise ArchscanError(f"--decode {context}: the model takes at most {positions[0]:,} positions ({positions[1]}); "
-                            f"{context:,} cached and {specs[0].shape[1]} new tokens need {context + specs[0].shape[1]:,}",
-                            hint=f"--decode {positions[0] - specs[0].shape[1]}")
+                            f"{context:,} cached and {new} new tokens need {context + new:,}",
+                            hint=f"--decode {positions[0] - new}")
     modes = {m: m.training for m in model.modules()}
     try:
         return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others, positions)
@@ -277,18 +292,27 @@ class _Run:
 
 
 def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec, batch: int,
-         context: int, dtype: torch.dtype | None) -> _Run:
+         context: int, dtype: torch.dtype | None, encoder: Sequence[InputSpec] = ()) -> _Run:
     """The prefill of ``batch`` × ``context`` tokens with ``use_cache=True``, then one step of
-    ``spec``'s new tokens (at ``batch``) after that cache."""
-    prefill = make_call([replace(spec, shape=(batch, context))], dtype, fake_mode)
-    step = make_call([replace(spec, shape=(batch, spec.shape[1]))], dtype, fake_mode)
+    ``spec``'s new tokens (at ``batch``) after that cache. An encoder-decoder (``encoder``: its
+    encoder's inputs) runs its encoder in the prefill, once, and the step reads its output
+    (``encoder_outputs``) and the cross-attention cache the prefill made."""
+    encoder = [replace(s, shape=(batch, *s.shape[1:])) for s in encoder]
+    prefill = make_call([*encoder, replace(spec, shape=(batch, context))], dtype, fake_mode)
+    step = make_call([*(s for s in encoder if s.name == "attention_mask"), replace(spec, shape=(batch, spec.shape[1]))],
+                     dtype, fake_mode)
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     first = _StepCosts(weight_keys, set())
     first.types = types
     hooks = module_hooks(model, first)
     try:
         with fake_mode, torch.no_grad(), quiet(), first:
-            cache = _cache_of(model(*prefill.args, **prefill.kwargs, use_cache=True))
+            prefilled = model(*prefill.args, **prefill.kwargs, use_cache=True)
+            cache = _cache_of(prefilled)
+            encoded = getattr(prefilled, "encoder_last_hidden_state", None) if encoder else None
+            if encoder and encoded is None:
+                raise ArchscanError("--decode with decoder_input_ids: the model's output has no encoder_last_hidden_state",
+                                    hint="an encoder-decoder returns it (Hugging Face's Seq2SeqLMOutput)")
     except ArchscanError:
         raise
     except Exception as exc:
@@ -303,7 +327,8 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
     hooks = module_hooks(model, costs)
     try:
         with fake_mode, torch.no_grad(), quiet(), costs:
-            output = model(*step.args, **step.kwargs, past_key_values=cache, use_cache=True)
+            reuse = {"encoder_outputs": (encoded,)} if encoder else {}  # the encoder ran once, in the prefill
+            output = model(*step.args, **step.kwargs, **reuse, past_key_values=cache, use_cache=True)
     except Exception as exc:
         raise CaptureError(f"the decode step after {context} cached tokens did not run: {short(exc)}",
                            hint="--decode needs forward(tokens, past_key_values=..., use_cache=True)") from exc
@@ -317,13 +342,15 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
 def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
             dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False,
             others: Sequence[DeviceProfile] = (), positions: tuple[int, str] | None = None) -> dict:
-    batch = specs[0].shape[0]
+    tokens = decoder_tokens(specs)
+    encoder = [s for s in specs if s is not tokens]
+    batch = tokens.shape[0]
     weight_keys = {storage_key(t) for t in [*model.parameters(), *model.buffers()]}
-    run = _run(model, fake_mode, weight_keys, specs[0], batch, context, dtype)
+    run = _run(model, fake_mode, weight_keys, tokens, batch, context, dtype, encoder)
     costs, cached = run.step, run.cached
     kv_bytes = _storage_bytes(cached)
     prefill_phase = _phase(run.prefill, batch * context, 0, 0, kv_bytes, profile)
-    decode_phase = {"context": context, **_phase(costs, math.prod(specs[0].shape), sum(costs.kv_read.values()),
+    decode_phase = {"context": context, **_phase(costs, math.prod(tokens.shape), sum(costs.kv_read.values()),
                                                   context, run.written, profile)}
     if others:  # the same step on more GPUs
         decode_phase["on"] = {p.name: _predicted(costs, decode_phase["tokens"], p)
@@ -334,13 +361,13 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
                                          "at": sorted({line for _, line, _ in costs.context_gemms if line}),
                                          "modules": [m for _, _, m in costs.context_gemms]}
     weights = _storage_bytes([*model.parameters(), *model.buffers()])
-    per_token, fixed = _growth(run.held, batch, context, specs[0].shape[1])
+    per_token, fixed = _growth(run.held, batch, context, tokens.shape[1])
     cells = memory_grid(weights, per_token, _memory_of(profile), fixed, positions[0] if positions else None)
     kv_cache = {"bytes": kv_bytes, "bytes_per_token": per_token, "fixed_bytes_per_sequence": fixed,
                 "tokens": context, "batch": batch, "tensors": len(cached), "weights_bytes": weights, "grid": cells}
     if grid and profile is not None:
-        kv_cache["speed"] = speed_grid(model, fake_mode, weight_keys, specs[0], dtype, profile, run, batch,
-                                       context, cells, positions)
+        kv_cache["speed"] = speed_grid(model, fake_mode, weight_keys, tokens, dtype, profile, run, batch,
+                                       context, cells, positions, encoder)
     return {"phases": {"prefill": prefill_phase, "decode": decode_phase}, "kv_cache": kv_cache}
 
 
@@ -456,7 +483,8 @@ def _same(nodes: Sequence[NodeReport], costs: "_StepCosts") -> bool:
 
 def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, spec: InputSpec,
                dtype: torch.dtype | None, profile: DeviceProfile, checked: _Run, batch: int, context: int,
-               cells: Sequence[dict], limit: tuple[int, str] | None = None) -> dict:
+               cells: Sequence[dict], limit: tuple[int, str] | None = None,
+               encoder: Sequence[InputSpec] = ()) -> dict:
     """Predicted time to the first token (the prefill of L tokens at batch B), decode ms per step
     and tokens/s at every (B, L) of ``cells``, from small runs fitted per op (see above) and
     checked op by op against ``checked``, the run at the user's (``batch``, ``context``), and one
@@ -469,7 +497,7 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
     def run(b: int, c: int) -> _Run:
         if (b, c) not in runs:
             runs[b, c] = checked if (b, c) == (batch, context) else _run(model, fake_mode, weight_keys, spec, b, c,
-                                                                        dtype)
+                                                                        dtype, encoder)
         return runs[b, c]
 
     def rows_of(b: int, c: int) -> tuple[list, list]:
