@@ -96,3 +96,19 @@ def test_text_table(capsys):
     assert main(["compare", "zoo:shufflenet_v2_x0_5", "zoo:mobilenet_v1_050"]) == 0
     out = capsys.readouterr().out
     assert "zoo:mobilenet_v1_050" in out and "x FLOPs" in out and "baseline" in out
+
+
+def test_decode_columns_in_every_renderer(tmp_path, capsys):
+    """compare --decode on two GPUs: KV per token, step bytes and tokens/s on each GPU, and the
+    peak memory, in the terminal's table, the Markdown and the HTML alike."""
+    models = "tests/models/new_users.py"
+    md, html = tmp_path / "c.md", tmp_path / "c.html"
+    assert main(["compare", f"{models}:llama_mha", f"{models}:llama_gqa", "--input", "1,1:int64", "--decode", "64",
+                 "--device-profile", "h100,a100-80gb", "--markdown", str(md), "--report", str(html)]) == 0
+    out = capsys.readouterr().out
+    for short in ("peak mem", "KV/token", "step bytes", "tok/s h100", "tok/s a100-80gb"):
+        assert short in out
+    for long in ("peak memory", "KV bytes per token", "decode step bytes", "tokens/s on h100", "tokens/s on a100-80gb"):
+        assert long in md.read_text() and long in html.read_text()
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| `")]
+    assert "| 1,024 |" in rows[0] and "| 512 |" in rows[1]  # KV bytes per token: 4 KV heads, then 2

@@ -15,6 +15,7 @@ from html import escape
 from .. import __version__
 from ..compare import GUIDELINES, TIME_BASIS, time_columns
 from . import plots
+from .compare import columns
 from .facts import predicted_by_module, slowest_nodes
 from .text import fmt_bytes, fmt_count, fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
@@ -88,7 +89,8 @@ def compare_html(comparison: dict, reports: list[dict]) -> str:
     by_model = {r["model"]: r for r in reports}
     sections = [("summary", "Summary", _compare_summary(comparison)),
                 ("table", "Models side by side", _compare_table(comparison)),
-                ("scatter", "FLOPs against time", _plot(plots.compare_svg(comparison), _scatter_note(comparison)))]
+                ("scatter", f"FLOPs against {_axis(comparison)}", _plot(plots.compare_svg(comparison),
+                                                                          _scatter_note(comparison)))]
     for i, row in enumerate(rows, 1):
         report = by_model.get(row["model"])
         if report is None:
@@ -365,45 +367,41 @@ def _compare_summary(comparison: dict) -> str:
 
 
 def _compare_table(comparison: dict) -> str:
-    rows = comparison["rows"]
-    predicted, timed, key = time_columns(rows)
-    headers = ["model", "params", "FLOPs", "MAC", "FLOPs/B"]
-    headers += ["predicted ms"] if predicted else []
-    headers += ["ms", "per s"] if timed else []
-    headers += ["FLOPs/ms"] if key else []
-    headers += ["element-wise MAC", "fragments", *GUIDELINES, "other", "× FLOPs", "× MAC"]
-    headers += [f"× {'ms' if timed else 'predicted'}"] if key else []
-    headers += ["top recommendation"]
+    """The terminal's columns (``report.compare.columns``), then each model's top recommendation."""
+    cols = columns(comparison)
+    headers = ["model", *(c.long.replace("x ", "× ", 1) if c.kind == "ratio" else c.long for c in cols),
+               "top recommendation"]
     table = []
-    for r in rows:
+    for r in comparison["rows"]:
         if "error" in r:
             table.append([escape(r["model"]), f'<td colspan="{len(headers) - 1}" class="error">failed: {escape(r["error"])}</td>'])
             continue
-        cells = [escape(r["model"]), _num(fmt_count(r["params"]), r["params"]), _num(fmt_count(r["flops"]), r["flops"]),
-                 _num(fmt_bytes(r["mac_bytes"]), r["mac_bytes"]), _num(f"{r['intensity']:.1f}", r["intensity"])]
-        cells += [_num(_ms(r.get("predicted_ms")), r.get("predicted_ms"))] if predicted else []
-        cells += [_num(_ms(r.get("latency_ms")), r.get("latency_ms")),
-                  _num(f"{r['throughput']:.1f}" if r.get("throughput") else "-", r.get("throughput"))] if timed else []
-        cells += [_num(fmt_count(r.get("flops_per_ms")), r.get("flops_per_ms"))] if key else []
-        other = sum(v for k, v in r["findings"].items() if k not in GUIDELINES)
-        ratios = r.get("ratios", {})
-        cells += [_num(f"{100 * r['elementwise_mac_share']:.0f}%", r["elementwise_mac_share"]), _num(str(r["fragments"])),
-                  *(_num(str(r["findings"].get(g, 0))) for g in GUIDELINES), _num(str(other)),
-                  _num(_ratio(ratios.get("flops"))), _num(_ratio(ratios.get("mac_bytes")))]
-        cells += [_num(_ratio(ratios.get(key)))] if key else []
         top = r.get("top_recommendation")
         saving = fmt_recommendation_saving(top.get("estimated_saving") or {}) if top else ""
-        cells += [f'<td class="prose" title="{escape(top["reason"])}"><b>{escape(top["kind"])}</b>'
-                  + (f": saves {escape(saving)}" if saving else "") + "</td>" if top else "-"]
-        table.append(cells)
+        table.append([escape(r["model"]), *(_num(_shown(c.kind, c.get(r)), c.get(r)) for c in cols),
+                      f'<td class="prose" title="{escape(top["reason"])}"><b>{escape(top["kind"])}</b>'
+                      + (f": saves {escape(saving)}" if saving else "") + "</td>" if top else "-"])
     return (_table(headers, table, set(range(1, len(headers) - 1)))
             + '<p class="note">Ratios are against the baseline. Element-wise MAC is the share of the bytes moved by '
               "element-wise ops (G4); fragments counts the convolutions and poolings inside building blocks (G3); "
               "G1–G4 count each guideline's findings, other the tuning rules'.</p>")
 
 
+def _shown(kind: str, value) -> str:
+    if value is None:
+        return "-"
+    return {"count": fmt_count, "bytes": fmt_bytes, "number": lambda v: f"{v:.1f}", "ms": _ms,
+            "ratio": _ratio, "share": lambda v: f"{100 * v:.0f}%", "int": str, "rate": lambda v: f"{v:,.0f}"}[kind](value)
+
+
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}×"
+
+
+def _axis(comparison: dict) -> str:
+    """What the scatter's other axis shows: measured or predicted time, else the bytes moved."""
+    key = _basis(comparison)[0]
+    return "measured time" if key == "latency_ms" else "predicted time" if key else "bytes moved"
 
 
 def _scatter_note(comparison: dict) -> str:

@@ -8,6 +8,7 @@ decimals, so every number can be checked against the JSON (``tests/test_reports.
 from __future__ import annotations
 
 from ..compare import GUIDELINES, time_columns
+from .compare import columns
 from .facts import slowest_nodes
 from .text import fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
@@ -162,29 +163,24 @@ def _blocks(report: dict) -> list[str]:
 
 
 def _compare_table(comparison: dict) -> list[str]:
-    rows = comparison["rows"]
-    predicted, timed, _ = time_columns(rows)
-    headers = ["model", "params", "FLOPs", "MAC bytes", "FLOPs/B"]
-    headers += ["predicted ms"] if predicted else []
-    headers += ["ms", "per s"] if timed else []
-    headers += ["element-wise MAC", "fragments", *GUIDELINES, "other", "x FLOPs", "x MAC"]
-    headers += ["top recommendation"]
+    """The terminal's columns (``report.compare.columns``), every figure written out, then each
+    model's top recommendation."""
+    cols = columns(comparison)
+    headers = ["model", *(c.long for c in cols), "top recommendation"]
     out = []
-    for r in rows:
+    for r in comparison["rows"]:
         if "error" in r:
             out.append([f"`{r['model']}`", "failed"] + [""] * (len(headers) - 2))
             continue
-        ratios = r.get("ratios", {})
-        cells = [f"`{r['model']}`", _int(r["params"]), _int(r["flops"]), _int(r["mac_bytes"]), f"{r['intensity']:.2f}"]
-        cells += [_ms(r.get("predicted_ms"))] if predicted else []
-        cells += [_ms(r.get("latency_ms")), f"{r['throughput']:.1f}" if r.get("throughput") else "-"] if timed else []
-        other = sum(v for k, v in r["findings"].items() if k not in GUIDELINES)
-        cells += [f"{100 * r['elementwise_mac_share']:.1f}%", str(r["fragments"]),
-                  *(str(r["findings"].get(g, 0)) for g in GUIDELINES), str(other),
-                  f"{ratios['flops']:.2f}" if "flops" in ratios else "-",
-                  f"{ratios['mac_bytes']:.2f}" if "mac_bytes" in ratios else "-"]
         top = r.get("top_recommendation")
         saving = fmt_recommendation_saving(top.get("estimated_saving") or {}) if top else ""
-        cells += [(top["kind"] + (f": saves {saving}" if saving else "")) if top else "-"]
-        out.append(cells)
+        out.append([f"`{r['model']}`", *(_written(c.kind, c.get(r)) for c in cols),
+                    (top["kind"] + (f": saves {saving}" if saving else "")) if top else "-"])
     return _table(headers, out, range(1, len(headers) - 1))
+
+
+def _written(kind: str, value) -> str:
+    if value is None:
+        return "-"
+    return {"count": lambda v: f"{v:,.0f}", "bytes": _int, "int": _int, "number": lambda v: f"{v:.2f}", "ms": _ms,
+            "ratio": lambda v: f"{v:.2f}", "share": lambda v: f"{100 * v:.1f}%", "rate": lambda v: f"{v:,.0f}"}[kind](value)
