@@ -399,10 +399,14 @@ class WindowCacheDecoder(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, vocab, bias=False)
 
-    def forward(self, ids, past_key_values=None, use_cache=False):
+    def _qkv(self, ids):
         x = self.embed(ids)
         b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        return x, (*self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4),)
+
+    def forward(self, ids, past_key_values=None, use_cache=False):
+        x, (q, k, v) = self._qkv(ids)
+        b, t, c = x.shape
         start = 0 if past_key_values is None else past_key_values[0].shape[2]
         if past_key_values is not None:
             k, v = torch.cat([past_key_values[0], k], dim=2), torch.cat([past_key_values[1], v], dim=2)
@@ -415,22 +419,18 @@ class WindowCacheDecoder(nn.Module):
         return (self.out(y), (k, v)) if use_cache else self.out(y)
 
 
-class StaticWindowDecoder(nn.Module):
+class StaticWindowDecoder(WindowCacheDecoder):
     """A decoder whose KV cache is a static buffer of ``max_len`` tokens, written in place, whose
     attention reads only the last ``window`` of it: Gemma's and Mistral's sliding-window layers
     over a static cache (the cache holds ``max_len``; a step reads ``window``)."""
 
     def __init__(self, vocab=100, dim=32, heads=2, window=8, max_len=256):
-        super().__init__()
-        self.heads, self.window, self.max_len = heads, window, max_len
-        self.embed = nn.Embedding(vocab, dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.out = nn.Linear(dim, vocab, bias=False)
+        super().__init__(vocab, dim, heads, window)
+        self.max_len = max_len
 
     def forward(self, ids, past_key_values=None, use_cache=False):
-        x = self.embed(ids)
+        x, (q, k, v) = self._qkv(ids)
         b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         if past_key_values is None:
             keys = x.new_zeros(b, self.heads, self.max_len, c // self.heads)
             past_key_values = (keys, torch.zeros_like(keys), 0)
