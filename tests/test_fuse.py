@@ -8,6 +8,7 @@ modules counted in the built model.
 """
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -461,6 +462,131 @@ def test_failing_check_cli_exit_code(tmp_path, capsys):
     assert code == 6 and not path.exists()
     assert "differs from the original" in one_line_error(err)
     assert "FAILED" in out and "nothing: the check failed" in out
+
+
+# --------------------------------------------------------------------------- 11b. a badly conditioned model
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels, reduced):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(channels, reduced, 1), nn.Conv2d(reduced, channels, 1)
+
+    def forward(self, x):
+        return x * torch.sigmoid(self.expand(nn.functional.silu(self.reduce(x.mean((2, 3), keepdim=True)))))
+
+
+def conv_bn(cin, cout, k=1, stride=1, groups=1, act=True):
+    """conv (with a bias, as some trained models have before their norm) -> BN [-> SiLU]."""
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups), nn.BatchNorm2d(cout),
+                         *([nn.SiLU()] if act else []))
+
+
+class MBConv(nn.Module):
+    def __init__(self, cin, cout, expand, k, stride):
+        super().__init__()
+        mid = cin * expand
+        self.expand = conv_bn(cin, mid) if expand > 1 else nn.Identity()
+        self.dw = conv_bn(mid, mid, k, stride, groups=mid)
+        self.se = SqueezeExcite(mid, max(1, cin // 4))
+        self.project = conv_bn(mid, cout, act=False)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.project(self.se(self.dw(self.expand(x))))
+        return x + y if self.residual else y
+
+
+class EfficientNetLike(nn.Module):
+    """EfficientNet-B1's blocks (Tan & Le, ICML 2019: MBConv with squeeze-excite, SiLU), few and narrow."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 16, 3, 2)
+        self.blocks = nn.Sequential(MBConv(16, 16, 1, 3, 1), MBConv(16, 24, 6, 3, 2), MBConv(24, 24, 6, 5, 1),
+                                    MBConv(24, 40, 6, 3, 2))
+        self.head = conv_bn(40, 128)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc(self.head(self.blocks(self.stem(x))).mean((2, 3)))
+
+
+def trained_looking(seed: int = 0) -> nn.Module:
+    """EfficientNetLike with weights like some trained models': each norm's conv has small weights
+    (x0.03) and a bias drifted far from zero (N(0, 30)), and the running statistics are measured on
+    data (cumulative, train mode): every norm subtracts a mean the size of the bias from outputs that
+    vary by a thousandth of it, and scales the rest up (large scales over small running variances).
+    Float32 loses digits there; folded in float64, the bias and the mean cancel before rounding."""
+    torch.manual_seed(seed)
+    model = EfficientNetLike()
+    with torch.no_grad():
+        for block in model.modules():
+            if isinstance(block, nn.Sequential) and isinstance(block[0], nn.Conv2d):
+                block[0].weight.mul_(0.03)
+                block[0].bias.normal_(0, 30)
+                block[1].momentum = None
+        model.train()(torch.randn(8, 3, 32, 32))
+        for norm in model.modules():
+            if isinstance(norm, nn.BatchNorm2d):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.normal_(0, 0.1)
+    return model.eval()
+
+
+def test_a_badly_conditioned_fold_is_judged_on_float64(tmp_path):
+    model = trained_looking()
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert max((m.running_mean.abs() / m.running_var.sqrt()).max().item() for m in norms) > 1e3
+    path = tmp_path / "effnet.pt2"
+    r = archscan.fuse(model, ["1,3,32,32"], path=str(path))
+    c = r.check
+    assert len(r.folded) == len(norms) == 13 and r.kept == ()
+    assert c.max_rel_err > c.rtol  # fused against the float32 original: beyond the tolerance, once refused
+    assert c.passed and c.drifted == "original" and c.fused_rel_err64 < c.original_rel_err64 / 100
+    # the oracle, on inputs drawn here: the saved program is nearer the float64 model than the float32 model is
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())
+        original, fused = model(x), torch.export.load(str(path)).module()(x)
+    assert rel_err(fused, exact) < rel_err(original, exact) / 100 and rel_err(original, exact) > 1e-4
+
+
+def test_an_explicit_tolerance_bounds_the_difference_from_the_original():
+    with pytest.raises(VerifyError) as info:
+        archscan.fuse(trained_looking(), ["1,3,32,32"], rtol=1e-4)
+    assert info.value.result.check.drifted is None  # the tolerance asked for: no float64 verdict
+
+
+def test_a_fold_that_drifts_is_refused_and_named(monkeypatch):
+    """A fold made wrong by one part in a thousand: farther from float64 than the original, refused."""
+    from archscan.transform import fold
+
+    def off(*args, **kwargs):
+        w, b = torch.nn.utils.fusion.fuse_conv_bn_weights(*args, **kwargs)
+        return w * 1.001, b
+
+    monkeypatch.setattr(fold, "fuse_conv_bn_weights", off)
+    with pytest.raises(VerifyError) as info:
+        fuse(to_target(fusable.ConvBN), input_specs("1,3,8,8"))
+    c = info.value.result.check
+    assert not c.passed and c.drifted == "fused" and c.fused_rel_err64 > 1e-4 > c.original_rel_err64
+    assert "farther from a float64 run of the original" in str(info.value)
+
+
+def test_the_float64_verdict_on_tiny_outputs():
+    """compare() with a float64 reference: |f - e| against max(atol + rtol * max|e|, |o - e|)."""
+    from archscan.transform.verify import compare
+
+    exact = (torch.tensor([1.0, -2.0], dtype=torch.float64),)
+    original = (torch.tensor([1.0, -2.001]),)  # 1e-3 off: |o - e| = 1e-3, rtol * 2 = 2e-4
+    closer = (torch.tensor([1.0, -2.0005]),)   # 5e-4 off: beyond the tolerance of the original, nearer float64
+    farther = (torch.tensor([1.0, -1.998]),)   # 2e-3 off
+    c = compare(original, closer, exact=exact)
+    assert c.passed and c.drifted == "original"
+    assert c.original_rel_err64 == pytest.approx(1e-3 / 2, rel=1e-3) and c.fused_rel_err64 == pytest.approx(5e-4 / 2, rel=1e-3)
+    c = compare(original, farther, exact=exact)
+    assert not c.passed and c.drifted == "fused"
+    c = compare(original, farther)
+    assert not c.passed and c.drifted is None and c.fused_rel_err64 is None
 
 
 # --------------------------------------------------------------------------- 12. the command line

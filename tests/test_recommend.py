@@ -10,8 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import archscan
+from archscan.load.targets import input_specs, to_target
 from archscan.measure import DeviceProfile
-from archscan.recommend import command_of, recommend
+from archscan.recommend import RETRAINING, command_of, recommend
 from archscan.rules import run_rules
 
 BF16 = torch.bfloat16  # models in bf16 keep the low-precision recommendation out of the way
@@ -237,9 +238,13 @@ def test_ranking_by_bytes_without_time():
             return self.fc(self.body(x).mean((2, 3)))
 
     report = archscan.scan(Both().eval(), [(1, 8, 32, 32)])
-    saved = [r.estimated_saving.get("mac_bytes", 0) for r in report.recommendations]
-    assert saved == sorted(saved, reverse=True)
-    assert all(r.basis == "mac" for r in report.recommendations)
+    recs = report.recommendations
+    retraining = [r.kind in RETRAINING for r in recs]
+    assert retraining == sorted(retraining) and any(retraining)  # a prune: after every change that keeps the model
+    for tier in (False, True):  # within a tier, by bytes
+        saved = [r.estimated_saving.get("mac_bytes", 0) for r in recs if (r.kind in RETRAINING) == tier]
+        assert saved == sorted(saved, reverse=True)
+    assert all(r.basis == "mac" for r in recs)
 
 
 def test_command_names_the_target_and_inputs():
@@ -279,3 +284,108 @@ def test_measure_verifies_the_fusion():
     assert (saved["mac_bytes"], saved["kernels"], saved["params"]) == (
         rec.estimated_saving["mac_bytes"], rec.estimated_saving["kernels"], rec.estimated_saving["params"])
     assert "ms" in saved and saved["device"] == "cpu"
+
+
+class TiedAcross(nn.Module):
+    """stem conv -> BN folds; convs a and b hold one weight (tied), each with its own BN: neither
+    of those folds (``archscan fuse`` keeps a norm after a weight another call reads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.b.weight = self.a.weight
+        self.bn_a, self.bn_b = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        return self.bn_b(self.b(torch.relu(self.bn_a(self.a(x)))))
+
+
+class CalledTwice(TiedAcross):
+    """The same, with one conv module called twice."""
+
+    def forward(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        return self.bn_b(self.a(torch.relu(self.bn_a(self.a(x)))))
+
+
+@pytest.mark.parametrize("model", [TiedAcross, CalledTwice])
+@pytest.mark.parametrize("capture", ["fx", "eager", "export"])
+def test_fuse_promises_the_folds_fuse_makes(model, capture):
+    from archscan.transform import fuse
+
+    report = archscan.scan(model().eval(), [(1, 3, 8, 8)], capture_method=capture)
+    assert report.capture == capture
+    (rec,) = [r for r in report.recommendations if r.kind == "fuse"]
+    assert rec.reason.startswith("fold 1 batch norm(s)") and "2 more stay" in rec.reason
+    assert rec.target == ("bn0",) and rec.estimated_saving["kernels"] == 1
+    assert rec.estimated_saving["params"] == 2 * 8 - 8  # bn0's weight and bias go, the stem's new bias comes
+    done = fuse(to_target(model), input_specs("1,3,8,8"))
+    assert [f.norm for f in done.folded] == ["bn0"] and len(done.kept) == 2
+    assert done.before["kernels"] - done.after["kernels"] == rec.estimated_saving["kernels"]
+    assert done.before["params"] - done.after["params"] == rec.estimated_saving["params"]
+
+
+def test_one_fuse_run_is_one_recommendation():
+    """A conv-bn and a hand-written attention: archscan fuse does both in one run, so one
+    recommendation saves both, with one command and no "(or call ...)" after it."""
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.attention = ConvBN(), Attention()
+
+        def forward(self, x, q, k, v, mask):
+            return self.body(x).mean(), self.attention(q, k, v, mask)
+
+    shapes = [(1, 8, 32, 32), (1, 4, 64, 32), (1, 4, 64, 32), (1, 4, 64, 32), (1, 1, 64, 64)]
+    report = archscan.scan(Both().eval(), shapes, dtype=BF16)
+    (rec,) = [r for r in report.recommendations if r.kind in ("fuse", "sdpa")]
+    alone = [first(ConvBN().eval(), [(1, 8, 32, 32)], dtype=BF16)[1],
+             first(Attention().eval(), shapes[1:], dtype=BF16)[1]]
+    assert rec.kind == "fuse" and rec.target == ("body.bn", "attention")
+    for key in ("mac_bytes", "kernels", "params"):
+        assert rec.estimated_saving[key] == sum(r.estimated_saving[key] for r in alone)
+    assert "fold 1 batch norm(s)" in rec.reason and "1 hand-written attention(s)" in rec.reason
+    assert rec.apply == "archscan.fuse(model, inputs, path='model-fused.pt2')"
+
+
+def test_two_recommendations_never_write_one_file():
+    from archscan.recommend import _distinct_outputs
+    from archscan.results import Recommendation
+
+    def rec(apply):
+        return Recommendation("prune", ("",), "a cut", {}, "mac", apply)
+
+    applied = [r.apply for r in _distinct_outputs([
+        rec("archscan prune net.py:Net --group 1 -o Net-pruned.pt2"),
+        rec("archscan prune net.py:Net --group 2 -o Net-pruned.pt2"),
+        rec("archscan prune 'my net.py:Net' --group 3 -o 'my net-pruned.pt2'"),
+        rec("archscan prune 'my net.py:Net' --group 4 -o 'my net-pruned.pt2'"),
+        rec("prune(model, inputs, group_ids=[1], path='model-pruned.pt2')"),
+        rec("prune(model, inputs, group_ids=[2], path='model-pruned.pt2')"),
+        rec("model = torch.compile(model)"),
+    ])]
+    assert applied == [
+        "archscan prune net.py:Net --group 1 -o Net-pruned.pt2",
+        "archscan prune net.py:Net --group 2 -o Net-pruned-2.pt2",
+        "archscan prune 'my net.py:Net' --group 3 -o 'my net-pruned.pt2'",
+        "archscan prune 'my net.py:Net' --group 4 -o 'my net-pruned-2.pt2'",
+        "prune(model, inputs, group_ids=[1], path='model-pruned.pt2')",
+        "prune(model, inputs, group_ids=[2], path='model-pruned-2.pt2')",
+        "model = torch.compile(model)",
+    ]
+
+
+def test_export_failure_is_read_from_the_capture_notes():
+    from archscan.recommend import export_failure
+
+    def notes(*lines):
+        return dataclasses.replace(archscan.scan(Linear16().eval(), [(2, 16)], rules=[], recommend=False),
+                                   capture_notes=lines)
+
+    assert export_failure(notes()) is None
+    assert export_failure(notes("fx failed (x); export failed (the model needs tensor values at m.py:4 (in f))",
+                                "eager capture: ...")) == "the model needs tensor values at m.py:4 (in f)"
+    assert export_failure(notes("fx failed (x); export failed (graph did not run: y)")) is None  # export itself worked

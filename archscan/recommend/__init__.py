@@ -2,7 +2,20 @@
 
 Findings are the diagnosis; a recommendation is one change (fold every conv-bn pair, rewrite the
 attention, compile, ...) with what it saves, how that was estimated, and the command or Python
-call that applies it. Several findings that one change answers make one recommendation.
+call that applies it. Several findings that one change answers make one recommendation, and one
+command is one recommendation: ``archscan fuse`` folds the batch norms and rewrites the attention
+in one run, so a model with both gets one ``fuse`` recommendation saving both.
+
+``apply`` is one thing to paste: a shell command (``archscan ...``) that runs as printed, or
+Python code; a way to measure it or an alternative by hand is in the reason. Every command writes
+its own file (``-o``, or ``path=`` in Python): two recommendations never write the same path (the
+second prune cut writes NAME-pruned-2.pt2).
+
+What a command promises is what it does: ``fuse`` counts the norms ``archscan fuse`` folds (not
+those after a conv whose weight another call reads, a linear with a 3-D output, a grouped
+transposed conv: they stay, and the reason says how many), and its saving is what ``archscan fuse``
+then measures on the two programs (the attention part counts the score matrix's traffic; the
+kernel that replaces it may write a little besides, such as a log-sum-exp per row on CPU).
 
 Savings (``estimated_saving``): ``mac_bytes`` moved, ``flops`` (multiply-adds), ``params``,
 ``kernels`` launched, and ``ms`` when a time can be given:
@@ -13,14 +26,28 @@ Savings (``estimated_saving``): ``mac_bytes`` moved, ``flops`` (multiply-adds), 
   times its per-call overhead;
 - ``mac``: no time; bytes moved only.
 
-Ranking: the time saved where there is one (measured or predicted), then the bytes saved.
+Ranking, in three tiers, each by the time saved where there is one (measured or predicted),
+then the bytes saved:
+
+1. changes that keep what the model computes, applicable here (fuse, SDPA, compile,
+   channels_last, low precision, the hygiene fixes, the memory plans);
+2. changes that need the model trained again (``RETRAINING``: prune, distill, channel alignment),
+   however much they save;
+3. changes the scan knows cannot be applied as printed here: the model's torch.export failed in
+   this scan (the capture notes say so) and ``archscan fuse``, ``prune`` and ``distill`` work on
+   the exported graph. ``fuse`` (and its attention rewrite) stays, its reason saying why and its
+   ``apply`` the change by hand; ``prune`` and ``distill``, whose programs cannot be written
+   without export, are left out.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import re
 import shlex
+from collections import Counter
 from typing import Callable
 
 from ..measure.predict import kernels
@@ -48,6 +75,7 @@ class Context:
     model: object | None = None    # the scan's fake (or meta) copy of the model: variants are built from it
     grouping: object | None = None # its channel groups when the capture found them (archscan.prune.Grouping)
     graph: object | None = None    # the fx graph of its direct run: a cut copy runs it without a trace
+    export_failed: str | None = None  # why torch.export failed on the model in this scan (``export_failure``)
 
     def cited(self, *rules: str) -> tuple[dict, ...]:
         """The findings of these rules, as {"rule", "module"} references."""
@@ -59,11 +87,11 @@ class Context:
             return "archscan.fuse(model, inputs, path='model-fused.pt2')"
         from ..load.targets import output_path
 
-        return f"archscan fuse {self.command} -o {output_path(self.report.model)}"
+        return f"archscan fuse {self.command} -o {shlex.quote(output_path(self.report.model))}"
 
-    def scan_command(self, flags: str) -> str:
-        """The scan of this model with ``flags`` added."""
-        return f"archscan {self.command} {flags}" if self.command else "archscan.scan(model, inputs, measure=True)"
+    def scan_command(self, flags: str, measure: str = "True") -> str:
+        """The scan of this model with ``flags`` added (for a Python object: ``measure=`` as given)."""
+        return f"archscan {self.command} {flags}" if self.command else f"archscan.scan(model, inputs, measure={measure})"
 
     def measured(self, nodes: list[NodeReport]) -> float | None:
         times = [n.latency_ms for n in nodes]
@@ -89,65 +117,191 @@ def _where(nodes: list[NodeReport]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.module or n.name for n in nodes))
 
 
+def export_failure(report: Report) -> str | None:
+    """Why torch.export failed on the model in this scan, from the capture notes ('export failed
+    (why)'), or None: it worked, or was not tried. An exported graph that archscan's own run could
+    not follow ('graph did not run') is no failure of export: ``archscan fuse`` still exports it."""
+    for note in report.capture_notes:
+        at = note.find("export failed (")
+        if at < 0:
+            continue
+        depth, start = 0, at + len("export failed (")
+        for i in range(start - 1, len(note)):
+            depth += {"(": 1, ")": -1}.get(note[i], 0)
+            if depth == 0:
+                why = note[start:i]
+                return None if why.startswith("graph did not run") else why
+        return note[start:]
+    return None
+
+
+def foldable_pairs(ctx: Context) -> tuple[list[tuple[NodeReport, NodeReport, NodeReport | None]], Counter]:
+    """(the conv/linear + batch-norm pairs ``archscan fuse`` folds, {why: count} of those it keeps).
+
+    ``conv_bn_pairs`` finds a norm on a layer output nothing else reads; ``fuse`` also keeps the
+    norm when the layer's weight is read by another call (one conv applied twice, tied weights:
+    folding one call's norm into it would change the other), when a linear's output is 3-D or
+    larger (the norm's channels are not its features) and after a grouped transposed conv
+    (``archscan.transform.fold``)."""
+    shared = _shared_weights(ctx)
+    pairs, kept = [], Counter()
+    for layer, bn, act in conv_bn_pairs(ctx.rules):
+        if layer.name in shared:
+            kept["their layer's weight is read by another call too"] += 1
+        elif "out_features" in layer.attrs and (layer.out_shape is None or len(layer.out_shape) != 2):
+            kept["after a linear with a 3-D or larger output"] += 1
+        elif layer.attrs.get("transposed") and layer.attrs.get("groups", 1) != 1:
+            kept["after a grouped transposed conv"] += 1
+        else:
+            pairs.append((layer, bn, act))
+    return pairs, kept
+
+
+def _shared_weights(ctx: Context) -> set[str]:
+    """The conv/linear nodes whose weight another node reads too: a module called more than once,
+    parameters tied between modules (the scan's copy of the model shows which), a layer that counts
+    fewer parameters than its weight has (they were counted at another reader), and in a graph of
+    aten ops every layer reading the same attribute as such a one (``attrs["shared_inputs"]``)."""
+    layers = [n for n in ctx.report.nodes if n.category in _LAYERS]
+    calls = Counter(n.module for n in layers if n.module and n.module_type == n.op)  # fx: one node per module call
+    shared = {n.name for n in layers if n.module_type == n.op and calls[n.module] > 1}
+    tied = _tied_modules(ctx.model) if ctx.model is not None else set()
+    shared |= {n.name for n in layers if n.module in tied}
+    readers: dict[str, list[NodeReport]] = {}
+    for n in layers:
+        for name in n.attrs.get("shared_inputs") or ():
+            readers.setdefault(name, []).append(n)
+        if (numel := _weight_numel(n)) is not None and n.params < numel:  # its weight was counted at another reader
+            shared.add(n.name)
+    for group in readers.values():  # a model input several layers read is not a weight: none lacks parameters
+        if len(group) > 1 and any(n.name in shared for n in group):
+            shared |= {n.name for n in group}
+    return shared
+
+
+_LAYERS = ("conv", "grouped_conv", "depthwise_conv", "linear")
+
+
+def _tied_modules(model) -> set[str]:
+    """Module paths whose parameters another module holds too (the same module registered twice
+    counts: it is one weight under two paths)."""
+    owners: dict[int, set[str]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        for p in module._parameters.values():
+            if p is not None:
+                owners.setdefault(id(p), set()).add(path)
+    return {path for paths in owners.values() if len(paths) > 1 for path in paths}
+
+
 def _fuse(ctx: Context) -> list[Recommendation]:
-    pairs = conv_bn_pairs(ctx.rules)
-    if not pairs:
+    """The batch norms folded and the hand-written attention rewritten by one ``archscan fuse`` run:
+    one recommendation (kind ``fuse``; ``sdpa`` when there is only attention)."""
+    pairs, kept = foldable_pairs(ctx)
+    patterns = attention_patterns(ctx.rules)
+    if not pairs and not patterns:
         return []
+    savings, reasons, findings = [], [], ()
     norms = [bn for _, bn, _ in pairs]
-    added = [(layer, _channels(layer)) for layer, _, _ in pairs if not _has_bias(layer)]
-    added_bias = sum(c for _, c in added)
-    bias_bytes = sum(c * dtype_size(layer.dtype) for layer, c in added)  # the new biases are read
-    saving, basis = ctx.saving(norms, mac_bytes=sum(n.mac_bytes for n in norms) - bias_bytes,
-                               kernels_saved=sum(map(kernels, norms)),
-                               params=sum(n.params for n in norms) - added_bias, category="norm")
-    with_act = sum(1 for *_, act in pairs if act is not None)
-    return [Recommendation(
-        kind="fuse", target=_where(norms),
-        reason=f"fold {len(pairs)} batch norm(s) into the conv/linear before them: {len(norms)} fewer kernels, "
-               f"their reads and writes gone" + (f" ({with_act} activations after them stay separate ops)" if with_act else ""),
-        estimated_saving=saving, basis=basis, apply=ctx.fuse_command(), findings=ctx.cited("fuse-conv-bn"),
-    )]
+    if pairs:
+        added = [(layer, _channels(layer)) for layer, _, _ in pairs if not _has_bias(layer)]
+        bias_bytes = sum(c * dtype_size(layer.dtype) for layer, c in added)  # the new biases are read
+        savings.append(ctx.saving(norms, mac_bytes=sum(n.mac_bytes for n in norms) - bias_bytes,
+                                  kernels_saved=sum(map(kernels, norms)),
+                                  params=_norm_params(ctx, norms) - sum(c for _, c in added), category="norm"))
+        with_act = sum(1 for *_, act in pairs if act is not None)
+        reasons.append(f"fold {len(pairs)} batch norm(s) into the conv/linear before them: {len(norms)} fewer kernels, "
+                       f"their reads and writes gone"
+                       + (f" ({with_act} activations after them stay separate ops)" if with_act else ""))
+        findings += ctx.cited("fuse-conv-bn")
+    if kept:
+        reasons.append(f"{sum(kept.values())} {'more' if pairs else 'batch norm(s)'} stay: "
+                       + "; ".join(f"{why} ({n})" for why, n in kept.items()))
+    if patterns:
+        removed = [n for p in patterns for n in p.elementwise]
+        savings.append(ctx.saving(removed, mac_bytes=sum(p.mac_bytes for p in patterns),
+                                  kernels_saved=sum(p.kernels_saved for p in patterns), category="elementwise"))
+        largest = max(patterns, key=lambda p: p.scores_bytes)
+        reasons.append(f"{'and rewrite ' if pairs else ''}{len(patterns)} hand-written attention(s) "
+                       f"{'that ' if pairs else ''}write and re-read the {largest.scores_shape} score matrix "
+                       f"{largest.round_trips} times: F.scaled_dot_product_attention never stores it "
+                       "(in your own code: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=...))")
+        findings += ctx.cited("G4")
+    saving, basis = _together(savings)
+    target = tuple(dict.fromkeys([*_where(norms), *(p.module for p in patterns)]))
+    reason = "; ".join(reasons)
+    apply = ctx.fuse_command()
+    if ctx.export_failed is not None:
+        reason = (f"archscan fuse cannot apply this here: torch.export failed on this model in this scan "
+                  f"({_shortened(ctx.export_failed)}), and fuse works on the exported graph; by hand: {reason}")
+        apply = _by_hand(pairs, patterns)
+    return [Recommendation(kind="fuse" if pairs else "sdpa", target=target, reason=reason, estimated_saving=saving, basis=basis,
+                           apply=apply, findings=findings)]
+
+
+def _together(savings: list[tuple[dict, str]]) -> tuple[dict, str]:
+    """Savings of the parts of one change added up; the basis of the least certain part."""
+    order = ("mac", "predicted", "measured")
+    basis = min((b for _, b in savings), key=order.index)
+    total: dict = {}
+    for saving, _ in savings:
+        for k, v in saving.items():
+            total[k] = total.get(k, 0) + v
+    if basis == "mac":
+        total.pop("ms", None)
+    return total, basis
+
+
+def _shortened(why: str) -> str:
+    return why if len(why) <= 120 else why[:117].rstrip() + "..."
+
+
+def _by_hand(pairs, patterns) -> str:
+    """How to make the change in the model's own code, for a model ``archscan fuse`` cannot export."""
+    code = []
+    if pairs:
+        code.append("conv = torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn) for each pair, "
+                    "and the norm replaced by torch.nn.Identity()")
+    if patterns:
+        code.append("softmax(q @ k.transpose(-2, -1) * scale + mask) @ v written as "
+                    "F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale) in forward")
+    return "\n".join(code)
+
+
+def _norm_params(ctx: Context, norms: list[NodeReport]) -> int:
+    """Parameters that go with the folded norms: a norm module's are counted at its first call, and go
+    only when none of its calls stays."""
+    folded = {n.name for n in norms}
+    staying = {n.module for n in ctx.report.nodes
+               if n.category == "norm" and n.module and n.module_type == n.op and n.name not in folded}
+    return sum(n.params for n in norms if not (n.module_type == n.op and n.module in staying))
 
 
 def _channels(layer: NodeReport) -> int:
     return int(layer.attrs.get("out_channels", layer.attrs.get("out_features", 0)))
 
 
-def _has_bias(layer: NodeReport) -> bool:
-    """Does the layer have a bias (then folding adds no parameters)? Its params exceed its weight's."""
+def _weight_numel(layer: NodeReport) -> int | None:
+    """Elements of the layer's weight, from its attributes (None when they do not say)."""
     a = layer.attrs
-    if "out_features" in a:
-        weight = a["in_features"] * a["out_features"]
-    elif "kernel" in a:
+    if "out_features" in a and "in_features" in a:
+        return a["in_features"] * a["out_features"]
+    if "kernel" in a and "out_channels" in a and "in_channels" in a:
         weight = a["out_channels"] * a["in_channels"] // max(1, a.get("groups", 1))
         for k in a["kernel"]:
             weight *= k
-    else:
-        return True
-    return layer.params > weight
+        return weight
+    return None
 
 
-def _sdpa(ctx: Context) -> list[Recommendation]:
-    patterns = attention_patterns(ctx.rules)
-    if not patterns:
-        return []
-    removed = [n for p in patterns for n in p.elementwise]
-    saving, basis = ctx.saving(removed, mac_bytes=sum(p.mac_bytes for p in patterns),
-                               kernels_saved=sum(p.kernels_saved for p in patterns), category="elementwise")
-    largest = max(patterns, key=lambda p: p.scores_bytes)
-    return [Recommendation(
-        kind="sdpa", target=tuple(dict.fromkeys(p.module for p in patterns)),
-        reason=f"{len(patterns)} hand-written attention(s) write and re-read the {largest.scores_shape} score matrix "
-               f"{largest.round_trips} times: F.scaled_dot_product_attention never stores it",
-        estimated_saving=saving, basis=basis,
-        apply=ctx.fuse_command() + "  (or call F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=...))",
-        findings=ctx.cited("G4"),
-    )]
+def _has_bias(layer: NodeReport) -> bool:
+    """Does the layer have a bias (then folding adds no parameters)? Its params exceed its weight's."""
+    weight = _weight_numel(layer)
+    return True if weight is None else layer.params > weight
 
 
 def _compile(ctx: Context) -> list[Recommendation]:
     # what fuse already removes: folded norms, the ops inside hand-written attention
-    taken = {bn.name for _, bn, _ in conv_bn_pairs(ctx.rules)}
+    taken = {bn.name for _, bn, _ in foldable_pairs(ctx)[0]}
     taken |= {n.name for p in attention_patterns(ctx.rules) for n in p.elementwise}
     links = [(a, b) for a, b in elementwise_links(ctx.rules) if a.name not in taken and b.name not in taken]
     if not links:
@@ -183,10 +337,10 @@ def _low_precision(ctx: Context) -> list[Recommendation]:
     return [Recommendation(
         kind="low-precision", target=("",),
         reason=f"run the conv/linear/matmul work in bfloat16: {len(nodes)} layers move half the bytes "
-               "(and use tensor cores on a GPU)",
+               "(and use tensor cores on a GPU); measure it: "
+               + ctx.scan_command("--measure --amp bf16", "archscan.measure.MeasureOptions(amp='bf16')"),
         estimated_saving=saving, basis=basis,
-        apply=f"with torch.autocast({_device_type(ctx)!r}, dtype=torch.bfloat16): model(x)   "
-              f"(measure it: {ctx.scan_command('--measure --amp bf16')})",
+        apply=f"with torch.autocast({_device_type(ctx)!r}, dtype=torch.bfloat16): model(x)",
         findings=ctx.cited("low-precision"),
     )]
 
@@ -210,10 +364,11 @@ def _channels_last(ctx: Context) -> list[Recommendation]:
         saving, basis = {"ms": f.saving["latency_ms"], **saving}, "measured"
     return [Recommendation(
         kind="channels-last", target=("",),
-        reason=f.message if basis == "measured" else f"{f.message}; not measured here",
+        reason=f.message if basis == "measured" else
+        f"{f.message}; not measured here (measure it: "
+        f"{ctx.scan_command('--measure --sweep', 'archscan.measure.MeasureOptions(sweep=True)')})",
         estimated_saving=saving, basis=basis,
-        apply="model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)"
-              + ("" if basis == "measured" else f"   (measure it: {ctx.scan_command('--measure --sweep')})"),
+        apply="model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)",
         findings=ctx.cited("channels-last"),
     )]
 
@@ -234,7 +389,7 @@ def _variants_affordable(ctx: Context) -> bool:
 def _prune(ctx: Context) -> list[Recommendation]:
     """The channel groups whose cut saves most, counted exactly on a cut copy of the model."""
     if ctx.target is None or ctx.model is None or getattr(ctx.target, "program", False) \
-            or not _variants_affordable(ctx):
+            or not _variants_affordable(ctx) or ctx.export_failed is not None:  # the pruned program is exported
         return []
     from ..errors import ArchscanError
     from ..load.building import on_meta
@@ -277,7 +432,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
                     f"{note}; channels chosen structurally (pass --weights for importance); fine-tune afterwards"),
             estimated_saving=saving, basis=basis,
             apply=(f"archscan prune {ctx.command} --group {group.id} --ratio {PRUNE_RATIO} -o "
-                   f"{output_path(ctx.report.model, 'pruned')}" if ctx.command else
+                   f"{shlex.quote(output_path(ctx.report.model, 'pruned'))}" if ctx.command else
                    f"from archscan.prune import prune; prune(model, inputs, group_ids=[{group.id}], "
                    f"ratio={PRUNE_RATIO}, path='model-pruned.pt2')"),
             findings=tuple({"rule": f.rule, "module": f.module} for f in ctx.report.findings
@@ -290,7 +445,7 @@ def _prune(ctx: Context) -> list[Recommendation]:
 
 def _distill(ctx: Context) -> list[Recommendation]:
     """Smaller students to distill into (``archscan.distill``): at most two, estimated from the report."""
-    if not _variants_affordable(ctx):
+    if not _variants_affordable(ctx) or ctx.export_failed is not None:  # the student is saved with torch.export
         return []
     from ..distill import distill_recommendations  # late: keeps importing archscan.recommend light
 
@@ -325,8 +480,7 @@ def _from_finding(rule: str, kind: str, apply: str, ms_key: str | None = None) -
 
 # Rules are data: one table of recommenders, run in this order (the ranking decides what is shown first).
 RECOMMENDERS: dict[str, Recommender] = {
-    "fuse": _fuse,
-    "sdpa": _sdpa,
+    "fuse": _fuse,  # and sdpa: one archscan fuse run does both
     "compile": _compile,
     "low-precision": _low_precision,
     "channels-last": _channels_last,
@@ -360,10 +514,49 @@ def _merged(recs: list[Recommendation]) -> list[Recommendation]:
     return list(out.values())
 
 
-def _rank_key(r: Recommendation) -> tuple:
+# Changes after which the model computes something else, to be trained (or fine-tuned) again: ranked
+# after every change that keeps what it computes, however much they save.
+RETRAINING = frozenset({"prune", "distill", "align"})
+# Changes whose command works on torch.export's graph of the model.
+NEEDS_EXPORT = frozenset({"fuse", "sdpa", "prune", "distill"})
+
+
+# Where an apply line names the file it writes: (pattern, the path from the match, the path as written there).
+_OUTPUTS = (
+    (re.compile(r"(?<= -o )(?:'[^']*'|\S)+"), lambda word: shlex.split(word)[0], shlex.quote),  # a shell word
+    (re.compile(r"(?<=path=)'[^']*'"), ast.literal_eval, repr),                                # a Python string
+)
+
+
+def _distinct_outputs(recs: list[Recommendation]) -> list[Recommendation]:
+    """Every output file written by one recommendation only: a later one that would overwrite an
+    earlier one's (two prune cuts, two students) writes NAME-2.pt2 (-3, ...) instead."""
+    taken: set[str] = set()
+    out = []
+    for r in recs:
+        found = next(((m, read, write) for pattern, read, write in _OUTPUTS if (m := pattern.search(r.apply))), None)
+        if found is None:
+            out.append(r)
+            continue
+        match, read, write = found
+        path = read(match.group(0))
+        stem, dot, ext = path.rpartition(".")
+        new, i = path, 1
+        while new in taken:
+            i += 1
+            new = f"{stem}-{i}.{ext}" if dot else f"{path}-{i}"
+        taken.add(new)
+        out.append(r if new == path else
+                   dataclasses.replace(r, apply=r.apply[:match.start()] + write(new) + r.apply[match.end():]))
+    return out
+
+
+def _rank_key(r: Recommendation, ctx: Context) -> tuple:
+    """Applicable here first, then needing no retraining; within a tier by time saved, then bytes."""
     ms = r.estimated_saving.get("ms")
     bytes_saved = r.estimated_saving.get("mac_bytes", 0) + max(r.estimated_saving.get("peak_bytes", 0), 0)
-    return (ms is None, -(ms or 0.0), -bytes_saved, -r.estimated_saving.get("kernels", 0))
+    blocked = ctx.export_failed is not None and r.kind in NEEDS_EXPORT
+    return (blocked, r.kind in RETRAINING, ms is None, -(ms or 0.0), -bytes_saved, -r.estimated_saving.get("kernels", 0))
 
 
 def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,
@@ -383,10 +576,10 @@ def recommend(report: Report, profile=None, command: str | None = None, rules: R
     """
     ctx = Context(report, rules or RuleContext(report), profile,
                   command if command is not None else command_of(report, kwargs),
-                  target, tuple(specs), kwargs, dtype, model, grouping, graph)
+                  target, tuple(specs), kwargs, dtype, model, grouping, graph, export_failure(report))
     recs = _merged([r for recommender in RECOMMENDERS.values() for r in recommender(ctx)])
-    recs.sort(key=_rank_key)
-    return dataclasses.replace(report, recommendations=tuple(recs))
+    recs.sort(key=lambda r: _rank_key(r, ctx))
+    return dataclasses.replace(report, recommendations=tuple(_distinct_outputs(recs)))
 
 
 def command_of(report: Report, kwargs: dict | None = None) -> str:
@@ -414,4 +607,5 @@ def _literal(value) -> str:
     return str(value) if type(value).__name__ == "BareWord" else repr(value)
 
 
-__all__ = ["RECOMMENDERS", "Recommendation", "recommend", "command_of"]
+__all__ = ["NEEDS_EXPORT", "RECOMMENDERS", "RETRAINING", "Recommendation", "command_of", "export_failure",
+           "foldable_pairs", "recommend"]

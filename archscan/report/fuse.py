@@ -43,7 +43,9 @@ def fuse_text(result, width: int = DEFAULT_WIDTH) -> str:
     rows.append(("attention", attention))
     c = result.check
     rows.append(("check", f"max abs error {c.max_abs_err:.2g}, max relative {c.max_rel_err:.2g} over {c.outputs} output(s) "
-                          f"({c.dtype}: rtol {c.rtol:g}, atol {c.atol:g}): {'passed' if c.passed else 'FAILED'}"))
+                          f"({c.dtype}: rtol {c.rtol:g}, atol {c.atol:g}): {'passed' if c.passed else 'FAILED'}"
+                          + (f"; judged on a float64 run of the original: fused {c.fused_rel_err64:.2g}, original "
+                             f"{c.original_rel_err64:.2g} (the {c.drifted} drifted)" if c.drifted else "")))
     b, a = result.before, result.after
     rows.append(("MAC", change_text(b["mac_bytes"], a["mac_bytes"], fmt_bytes)))
     rows.append(("kernels", change_text(b["kernels"], a["kernels"], str)))

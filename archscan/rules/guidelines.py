@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from functools import cache
 
+import torch
+
+from ..costs import category_of
 from ..graph import ELEMENTWISE_CATEGORIES, elementwise_mac_bytes, is_elementwise
 from ..results import Finding, NodeReport
-from .context import RuleContext, dtype_size
+from .context import CONV_CATEGORIES, RuleContext, dtype_size
 
-CONV_CATEGORIES = ("conv", "grouped_conv", "depthwise_conv")
 G1_MIN_RATIO = 1.05      # the paper's 1:2 row (MAC x1.053 of the 1:1 row) already runs 12% slower on GPU
 G2_MIN_RATIO = 1.05
-RELEVANT_SHARE = 0.001   # ignore layers whose excess is under 0.1% of the model's MAC
+RELEVANT_SHARE = 0.001   # ignore layers whose excess is under 0.1% of the model's MAC (channel-align: its FLOPs)
 
 
 def _hw(shape) -> int:
@@ -51,9 +54,11 @@ def g2_reference(a: int, b: int, c1: int, c2: int, k: int, g: int) -> float:
     return a * c1 + b * c2 / g + k * c1 * (c2 / g)
 
 
-def _convs(ctx: RuleContext) -> list[NodeReport]:
+def image_convs(ctx: RuleContext) -> list[NodeReport]:
+    """The convs the guidelines speak of: over an image's (or a signal's) map, as in the paper's
+    networks; not transposed convs, nor a sequence model's 1-D conv over its tokens."""
     return [n for n in ctx.report.nodes if n.category in CONV_CATEGORIES and "in_channels" in n.attrs
-            and not n.attrs.get("transposed")]
+            and not n.attrs.get("transposed") and not ctx.over_tokens(n)]
 
 
 def _balance(c1: int, c2: int) -> str:
@@ -64,12 +69,16 @@ def _balance(c1: int, c2: int) -> str:
 def check_g1(ctx: RuleContext) -> list[Finding]:
     """G1: MAC of each ungrouped conv against the lower bound at the same FLOPs, where balancing the
     channels is the fix: input and output maps of one size (the paper's setting), and channel
-    counts the task does not fix (an image's 3 in, a 2-class or RGB output)."""
+    counts the task does not fix (the data's channels into the stem, the output head's: classes,
+    anchors x 4 box coordinates, RGB)."""
     findings = []
     total_mac = ctx.report.totals.mac_bytes or 1
-    for n in _convs(ctx):
+    for n in image_convs(ctx):
         if n.attrs["groups"] != 1 or n.attrs["in_channels"] <= 4 or n.attrs["out_channels"] <= 4:
             continue  # grouped convs are G2's; 1-4 channels in (an image) or out (classes, RGB) are fixed by the task
+        stem, head = ctx.reads_the_data(n), ctx.makes_the_output(n)
+        if (stem or head) and not (stem and head):  # a model of this one layer is a probe of it: checked
+            continue  # the data fixes a stem's input width, the task a head's output width (anchors x 4 boxes)
         terms = conv_mac_terms(n)
         if terms[0] != terms[1]:
             continue  # a strided (or unpadded) conv: its maps differ in size, and channel balance is not the fix
@@ -93,10 +102,11 @@ def check_g1(ctx: RuleContext) -> list[Finding]:
 
 
 def check_g2(ctx: RuleContext) -> list[Finding]:
-    """G2: grouped (and depthwise) convs against the g=1 layer of the same FLOPs."""
+    """G2: grouped (and depthwise) image convs against the g=1 layer of the same FLOPs (a sequence
+    model's depthwise conv1d over its tokens is not one: ``RuleContext.over_tokens``)."""
     findings = []
     total_mac = ctx.report.totals.mac_bytes or 1
-    for n in _convs(ctx):
+    for n in image_convs(ctx):
         terms = conv_mac_terms(n)
         g = terms[5]
         if g == 1:
@@ -124,10 +134,12 @@ def check_g2(ctx: RuleContext) -> list[Finding]:
 
 
 def check_g3(ctx: RuleContext) -> list[Finding]:
-    """G3: fragmented operators (convs and pools) per building block, grouped by block shape."""
+    """G3: fragmented operators (convs and pools) per building block, grouped by block shape. Not in
+    a sequence model's blocks: their 1-D convs over the tokens (a Conformer's three) sit among
+    linear layers the count leaves out."""
     groups: dict[tuple, list] = defaultdict(list)
     for b in ctx.blocks:
-        if b.fragments >= 2:
+        if b.fragments >= 2 and not any(ctx.over_tokens(ctx.graph.nodes[name]["node"]) for name in b.nodes):
             groups[b.signature].append(b)
     findings = []
     for (type_, fragments, series, parallel), blocks in groups.items():
@@ -146,19 +158,54 @@ def check_g3(ctx: RuleContext) -> list[Finding]:
     return findings
 
 
+@cache
+def _op_category(op: str) -> str:
+    """The cost registry's category of an op named like 'aten.add.Tensor' ('other' when unknown)."""
+    namespace, _, rest = op.partition(".")
+    name, _, overload = rest.partition(".")
+    try:
+        return category_of(getattr(getattr(getattr(torch.ops, namespace), name), overload or "default"))
+    except (AttributeError, RuntimeError):
+        return "other"
+
+
+def elementwise_kernels(n: NodeReport) -> tuple[int, int]:
+    """(element-wise kernels, kernels) of a node: its ops that read or write data (not views, not
+    allocations), each of the node's category, or its own where the node is a whole torch.nn layer."""
+    cats = [_op_category(op) for op in n.aten_ops]
+    if not n.attrs.get("mac_by_category"):
+        cats = [n.category if c not in ("view", "factory") else c for c in cats]
+    work = [c for c in cats if c not in ("view", "factory")]
+    return sum(1 for c in work if c in ELEMENTWISE_CATEGORIES or c == "depthwise_conv"), len(work)
+
+
 def elementwise_shares(ctx: RuleContext) -> dict:
     t = ctx.report.totals
     mac = sum(elementwise_mac_bytes(n) for n in ctx.report.nodes)
     flops = sum(n.flops for n in ctx.report.nodes if is_elementwise(n))
+    counts = [elementwise_kernels(n) for n in ctx.report.nodes]
+    elementwise, kernels = sum(e for e, _ in counts), sum(k for _, k in counts)
     return {"mac_bytes": mac, "mac_share": mac / t.mac_bytes if t.mac_bytes else 0.0,
-            "flops": flops, "flops_share": flops / t.flops if t.flops else 0.0}
+            "flops": flops, "flops_share": flops / t.flops if t.flops else 0.0,
+            "kernels": elementwise, "kernel_share": elementwise / kernels if kernels else 0.0}
 
 
 G4_MIN_SHARE = 0.2
 
 
+def _g4_message(s: dict) -> str:
+    """Bytes and kernels against FLOPs. Element-wise ops count no FLOPs (multiply-adds) by
+    convention; only depthwise convs, element-wise work to the paper, bring some."""
+    kernels = f" and launch {100 * s['kernel_share']:.0f}% of the kernels" if s["kernels"] else ""
+    if s["flops"]:
+        return (f"element-wise ops move {100 * s['mac_share']:.0f}% of the bytes{kernels} for "
+                f"{100 * s['flops_share']:.1f}% of the FLOPs (their depthwise convs)")
+    return f"element-wise ops move {100 * s['mac_share']:.0f}% of the bytes{kernels}; FLOPs (multiply-adds) count none of it"
+
+
 def check_g4(ctx: RuleContext) -> list[Finding]:
-    """G4: share of element-wise work (ReLU, add, bias, norms, depthwise conv) in MAC vs in FLOPs."""
+    """G4: share of element-wise work (ReLU, add, bias, norms, depthwise conv) in MAC and in kernels,
+    against its share of FLOPs."""
     s = elementwise_shares(ctx)
     if s["mac_share"] < G4_MIN_SHARE:
         return []
@@ -170,9 +217,9 @@ def check_g4(ctx: RuleContext) -> list[Finding]:
                 by_cat[cat] += nbytes
     return [Finding(
         rule="G4", severity="warning" if s["mac_share"] >= 0.4 else "info", module="",
-        message=(f"element-wise ops move {100 * s['mac_share']:.0f}% of the bytes but do "
-                 f"{100 * s['flops_share']:.1f}% of the FLOPs"),
+        message=_g4_message(s),
         evidence={"mac_share": round(s["mac_share"], 4), "flops_share": round(s["flops_share"], 4),
+                  "kernel_share": round(s["kernel_share"], 4), "elementwise_kernels": s["kernels"],
                   "elementwise_mac_bytes": s["mac_bytes"], "by_category_bytes": dict(by_cat),
                   "top_blocks": [{"block": b.name, "mac_share": round(b.elementwise_mac_bytes / b.mac_bytes, 4)
                                   if b.mac_bytes else 0.0} for b in top]},
@@ -182,4 +229,5 @@ def check_g4(ctx: RuleContext) -> list[Finding]:
     )]
 
 
-__all__ = ["check_g1", "check_g2", "check_g3", "check_g4", "conv_mac_terms", "g1_lower_bound", "g2_reference"]
+__all__ = ["check_g1", "check_g2", "check_g3", "check_g4", "conv_mac_terms", "g1_lower_bound", "g2_reference",
+           "image_convs"]

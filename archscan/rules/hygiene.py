@@ -6,7 +6,8 @@ from collections import defaultdict
 
 from ..results import Finding, NodeReport
 from ..units import fmt_count
-from .context import RuleContext
+from .context import CONV_CATEGORIES, RuleContext
+from .guidelines import RELEVANT_SHARE
 
 _SHOW = 10  # examples listed in a finding's evidence
 
@@ -100,23 +101,31 @@ def check_host_sync(ctx: RuleContext) -> list[Finding]:
     for call in ctx.report.host_syncs:
         calls[call["source"]][call["op"]] = call["count"]
     notes = [note for note in ctx.report.capture_notes if "fx failed" in note or "export failed" in note]
-    findings = []
+    by_ops: dict[tuple[str, ...], list[str]] = defaultdict(list)  # the same ops on several lines: one finding
     for line in list(by_line) + [line for line in calls if line not in by_line]:
-        nodes = by_line.get(line, [])
-        ops = sorted({n.op for n in nodes} | set(calls.get(line, {})))
+        by_ops[tuple(sorted({n.op for n in by_line.get(line, [])} | set(calls.get(line, {}))))].append(line)
+    findings = []
+    for ops, lines in by_ops.items():
+        nodes = [n for line in lines for n in by_line.get(line, [])]
         findings.append(Finding(
-            rule="host-sync", severity="warning", module=_where(nodes) if nodes else line,
-            message=f"host-device synchronisation in forward: {', '.join(ops)}"
+            rule="host-sync", severity="warning", module=_where(nodes) if nodes else _where_lines(lines),
+            message=f"host-device synchronisation in forward{f' at {len(lines)} places' if len(lines) > 1 else ''}: "
+                    f"{', '.join(ops)}"
                     + ("; pack_padded_sequence copies its lengths to the host (keep them there: "
                        "lengths.cpu() once, outside forward)" if any(o.startswith(_HOST_ARGUMENT_OPS) for o in ops) else "")
                     + (" (also why the graph could not be captured)" if notes else ""),
-            evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": ops, "capture": notes},
-            saving={"syncs": max(len(nodes), sum(calls.get(line, {}).values()))},
+            evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": list(ops), "capture": notes,
+                      "at": lines[:_SHOW], "places": len(lines)},
+            saving={"syncs": sum(max(len(by_line.get(line, [])), sum(calls.get(line, {}).values())) for line in lines)},
             fix="keep the value on the device (torch.where, masks, fixed-size outputs), batch the syncs, "
                 "or move the check out of the hot path",
-            source=nodes[0].source if nodes else line,
+            source=by_line[lines[0]][0].source if lines[0] in by_line else lines[0],
         ))
     return findings
+
+
+def _where_lines(lines: list[str]) -> str:
+    return lines[0] if len(lines) == 1 else f"{lines[0]} (+{len(lines) - 1})"
 
 
 def check_host_tensor(ctx: RuleContext) -> list[Finding]:
@@ -254,10 +263,16 @@ def check_low_precision(ctx: RuleContext) -> list[Finding]:
 
 
 ALIGN = {"float16": 8, "bfloat16": 8, "float32": 8, "int8": 16, "uint8": 16}
+ALIGN_MIN_SHARE = 0.01  # the misaligned layers' share of the FLOPs below which aligning them cannot pay
 
 
 def check_channel_align(ctx: RuleContext) -> list[Finding]:
-    """Tensor cores want channel counts that are multiples of 8 (fp16/bf16) or 16 (int8)."""
+    """Tensor cores want channel counts that are multiples of 8 (fp16/bf16) or 16 (int8).
+
+    Counted where aligning can pay: not an RGB stem's 1-4 input channels, nor a router's output
+    (one column per expert), nor a layer doing under 0.1% of the FLOPs, and the layers together
+    doing at least 1%. An output head's width is the task's: it is padded, not rounded.
+    """
     r = ctx.report
     bad = []
     for n in r.nodes:
@@ -265,31 +280,35 @@ def check_channel_align(ctx: RuleContext) -> list[Finding]:
         if n.category in ("conv", "linear") and at.get("groups", 1) == 1:
             c_in = at.get("in_channels", at.get("in_features"))
             c_out = at.get("out_channels", at.get("out_features"))
-            if c_in is None or c_out is None:
+            if c_in is None or c_out is None or n.flops < RELEVANT_SHARE * r.totals.flops:
                 continue
             m = ALIGN.get(n.dtype or "float32", 8)
-            off = [c for c, is_in in ((c_in, True), (c_out, False)) if c % m and not (is_in and c <= 4)]
+            off = [c for c, fixed in ((c_in, c_in <= 4), (c_out, ctx.routes_experts(n))) if c % m and not fixed]
             if off:
                 bad.append((n, c_in, c_out, m))
-    if not bad:
-        return []
     share = sum(n.flops for n, *_ in bad) / r.totals.flops if r.totals.flops else 0.0
+    if not bad or share < ALIGN_MIN_SHARE:
+        return []
+    heads = [n.name for n, _, c_out, m in bad if c_out % m and ctx.makes_the_output(n)]
     return [Finding(
         rule="channel-align", severity="warning" if share >= 0.25 else "info", module=_where([n for n, *_ in bad]),
         message=f"{len(bad)} conv/linear layer(s) with channel counts not a multiple of {bad[0][3]} "
                 f"({100 * share:.0f}% of FLOPs)",
         evidence={"layers": [{"node": n.name, "in": ci, "out": co} for n, ci, co, _ in bad[:_SHOW]],
-                  "count": len(bad), "flops_share": round(share, 4)},
+                  "count": len(bad), "flops_share": round(share, 4), "output_heads": heads[:_SHOW]},
         saving={"flops_share": round(share, 4)},
-        fix="round channel counts up to a multiple of 8 (16 for int8), e.g. timm's make_divisible",
+        fix="round channel counts up to a multiple of 8 (16 for int8), e.g. timm's make_divisible"
+            + ("; an output head's width is the task's (classes, anchors, a vocabulary): pad its weight with "
+               "zero rows and slice its output" if heads else ""),
         source=bad[0][0].source,
     )]
 
 
 def check_channels_last(ctx: RuleContext) -> list[Finding]:
-    """Conv-heavy networks run faster in channels_last memory format on tensor cores."""
+    """Networks of 2-D convs run faster in channels_last memory format on tensor cores. It is a format
+    of 4-D tensors: 1-D convs (over a sequence, a signal) have none, 3-D convs have channels_last_3d."""
     r = ctx.report
-    conv = sum(n.flops for n in r.nodes if n.category in ("conv", "grouped_conv", "depthwise_conv"))
+    conv = sum(n.flops for n in r.nodes if n.category in CONV_CATEGORIES and len(n.out_shape or ()) == 4)
     if not r.totals.flops or conv / r.totals.flops < 0.5:
         return []
     sweep = (r.latency or {}).get("sweep") or {}
