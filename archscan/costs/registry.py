@@ -16,6 +16,18 @@ Conventions (stated once, used everywhere; see README "Counting conventions"):
   tensor it reads (activations and weights) plus every tensor it writes, at its dtype
   (paper: 1x1 conv MAC = hw(c1 + c2) + c1*c2 elements). Views move nothing. Gathers
   (embedding, index_select) read the rows they gather, not the whole table.
+* Complex data: ``flops`` are real multiply-adds. A kernel that multiplies complex operands (a
+  complex GEMM: BLAS ``cgemm``) does 4 real multiply-adds per complex one, (a + bi)(c + di) =
+  (ac - bd) + (ad + bc)i, so every multiply-add formula counts 4 on complex operands
+  (``COMPLEX_MULTIPLY_ADDS``). torch runs a complex convolution as three real convolutions (Gauss's
+  trick, in ``conv1d/2d/3d``): those reach the registry as real convolutions and count as they run,
+  3 real multiply-adds per complex one. FFTs (``_fft_r2c``, ``_fft_c2c``, ``_fft_c2r``) count the
+  benchFFT convention converted to multiply-adds: 5 N log2 N real flops per complex transform of N
+  points, half for a real one, 2 flops a multiply-add (``fft_multiply_adds``).
+* Backward ops cost what their kernels do under the same conventions: a gradient GEMM or
+  convolution counts its multiply-adds; norms', activations', pooling's, losses' and sampling's
+  gradients count element ops ("Backward kernels" below); pure copies of a gradient (``select_backward``)
+  move bytes and nothing else.
 * An op with no formula is never silently 0: it is costed generically for bytes and reported
   under ``uncounted`` with its count.
 
@@ -122,7 +134,7 @@ def _opt(name: str):
     return getattr(aten, name, None)
 
 
-for _p in (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
+for _p in (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution, _opt("_scaled_mm"),
            _opt("_scaled_dot_product_efficient_attention"), _opt("_scaled_dot_product_flash_attention"),
            _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
            _opt("_efficient_attention_forward"), _opt("_scaled_dot_product_efficient_attention_backward"),
@@ -134,6 +146,25 @@ for _p in (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._
 
 def _shape(t) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
+
+
+@register_flops(aten.mv, aten.addmv)
+def mv_flops(*args, out_val=None, **kwargs) -> int:
+    """Matrix-vector products (``matmul`` with a 1-d operand): one multiply-add per matrix element.
+
+    # [n] = mv([n, m], [m]); addmv(bias [n], [n, m], [m])
+    """
+    matrix = next(t for t in args if isinstance(t, torch.Tensor) and t.dim() == 2)
+    return matrix.numel()
+
+
+@register_flops(aten.dot, aten.vdot)
+def dot_flops(a, b, *, out_val=None, **kwargs) -> int:
+    """A dot product of two n-vectors: n multiply-adds.
+
+    # [] = dot([n], [n])
+    """
+    return a.numel()
 
 
 @register_flops(aten.convolution_backward)
@@ -277,7 +308,58 @@ def cudnn_rnn_flops(input, weight, *args, out_val=None, **kwargs) -> int:
     return _rnn_flops(input, weight, int(input.shape[-1]))
 
 
-_categorize("rnn", *[p for p in (_opt("mkldnn_rnn_layer"), _opt("_cudnn_rnn")) if p is not None])
+@register_flops(*[p for p in (_opt("mkldnn_rnn_layer_backward"),) if p is not None])
+def mkldnn_rnn_layer_backward_flops(input, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    """The backward of one oneDNN LSTM layer: twice its forward. With the gates' gradient dG
+    [tokens, gates*h], the input and hidden-state gradients dx = dG w_ih, dh = dG w_hh and the
+    weight gradients dw_ih = dG^T x, dw_hh = dG^T h each multiply every weight matrix once per token.
+    oneDNN computes all of them (the op takes no output mask: dx and dhx too where nothing needs them).
+
+    # (dx [b, t, i], dw_ih, dw_hh, db_ih, db_hh, dhx, dcx) = mkldnn_rnn_layer_backward(x [b, t, i], w_ih, w_hh, ...)
+    """
+    return 2 * _rnn_flops(input, (w_ih, w_hh), int(w_ih.shape[1]))
+
+
+@register_flops(*[p for p in (_opt("_cudnn_rnn_backward"),) if p is not None])
+def cudnn_rnn_backward_flops(input, weight, weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy,
+                             grad_cy, mode, hidden_size, proj_size, num_layers, batch_first, dropout, train,
+                             bidirectional, batch_sizes, dropout_state, reserve, output_mask, *, out_val=None,
+                             **kwargs) -> int:
+    """The backward of a whole cuDNN RNN: the data gradient (dx and dhx through every layer, the
+    forward's multiply-adds) always, since torch runs it unconditionally (it mutates the reserve
+    space), and the weight gradient (the forward's multiply-adds again) when ``output_mask[3]`` asks.
+
+    # (dx, dhx, dcx, [dw...]) = _cudnn_rnn_backward(input, [w_ih, w_hh, (b_ih, b_hh)] per layer, ...)
+    """
+    return cudnn_rnn_flops(input, weight) * (1 + int(bool(output_mask[3])))
+
+
+_categorize("rnn", *[p for p in (_opt("mkldnn_rnn_layer"), _opt("_cudnn_rnn"), _opt("mkldnn_rnn_layer_backward"),
+                                 _opt("_cudnn_rnn_backward")) if p is not None])
+_categorize("rnn", "aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
+            "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward")
+
+
+@register_elem_ops("aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_gru_cell")
+def fused_rnn_cell_elem_ops(input_gates: tuple, *args, out_shape, **kwargs) -> int:
+    """The pointwise tail of an LSTM or GRU cell on a GPU (the gates' GEMMs run before it, as mm):
+    one element op per gate element (sum of the two projections, its sigmoid or tanh, its share of
+    the state update).
+
+    # (hy [b, h], cy [b, h], workspace) = _thnn_fused_lstm_cell(input_gates [b, 4h], hidden_gates [b, 4h], cx [b, h])
+    """
+    return math.prod(input_gates)
+
+
+@register_elem_ops("aten::_thnn_fused_lstm_cell_backward_impl", "aten::_thnn_fused_gru_cell_backward")
+def fused_rnn_cell_backward_elem_ops(*args, out_shape, **kwargs) -> int:
+    """The backward of a fused cell's pointwise tail: one element op per gate gradient element.
+
+    # (dgates [b, 4h], dcx [b, h], dbias [4h]) = _thnn_fused_lstm_cell_backward_impl(dhy, dcy, cx, cy, workspace)
+    """
+    return math.prod(out_shape[0])
+
+
 _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_flash_attention_for_cpu"), _opt("_native_multi_head_attention"),
     _opt("_transformer_encoder_layer_fwd"),
@@ -285,7 +367,8 @@ _categorize("attention", *[p for p in (
     _opt("_scaled_dot_product_cudnn_attention"), _opt("_flash_attention_forward"),
     _opt("_efficient_attention_forward")) if p is not None])
 _categorize("conv", aten.convolution, aten._convolution)
-_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm, *[p for p in (_opt("_grouped_mm"),) if p is not None],
+_categorize("matmul", aten.mm, aten.bmm, aten.baddbmm, aten.mv, aten.addmv, aten.dot, aten.vdot,
+            *[p for p in (_opt("_grouped_mm"), _opt("_scaled_mm")) if p is not None],
             _HF_GROUPED_MM, _HF_GROUPED_MM_BACKWARD)
 _categorize("linear", aten.addmm)
 _categorize("embedding", aten.embedding, aten.embedding_bag, aten._embedding_bag, aten.embedding_dense_backward)
@@ -336,6 +419,258 @@ _categorize("factory", *[p for p in (
     aten.new_ones, aten.new_full, aten.arange, aten.scalar_tensor, aten.fill_, aten.fill, aten.zero_,
     aten.randn, aten.rand, aten.randint, aten.randn_like, aten.rand_like, aten.normal_, aten.uniform_,
     aten.bernoulli, aten.bernoulli_, aten.linspace, aten.eye, aten.tensor, aten.lift_fresh) if p is not None])
+
+
+# --- Backward kernels, losses, scatters -----------------------------------------------------------------
+#
+# A backward op is filed with its forward's category and counts element ops the way its forward does:
+# norms one per element of the normalized tensor, activations one per gradient element, pooling and
+# interpolation the taps their forward read (max pooling: the one input each output's index names).
+# Losses are reductions over their input (one element op per input element, NLL one per target) and
+# their gradients element-wise. Gradients that only copy (``select_backward``) move bytes, nothing else.
+# Scatter-style aggregation (``index_add``, ``scatter_add``, ``scatter_reduce``) adds one element op per
+# source element combined into the result; it has no multiply-adds.
+
+_NORM_BACKWARD = ("aten::native_layer_norm_backward", "aten::native_batch_norm_backward",
+                  "aten::native_group_norm_backward", "aten::batch_norm_backward", "aten::_fused_rms_norm_backward",
+                  "aten::cudnn_batch_norm_backward", "aten::miopen_batch_norm_backward",
+                  "aten::batch_norm_backward_elemt", "aten::batch_norm_backward_reduce",
+                  "aten::_weight_norm_interface_backward")
+_categorize("norm", *_NORM_BACKWARD, "aten::_weight_norm_interface")
+
+
+@register_elem_ops(*_NORM_BACKWARD)
+def norm_backward_elem_ops(first: tuple, second: tuple, *args, out_shape, **kwargs) -> int:
+    """One element op per element of the normalized tensor, as its forward counts (the second
+    argument: ``input``, or cuDNN's and MIOpen's ``grad_output``, of the same shape).
+
+    # (dx [n, d], dw [d], db [d]) = native_layer_norm_backward(dy [n, d], x [n, d], [d], mean, rstd, w, b, mask)
+    """
+    return math.prod(second)
+
+
+_categorize("activation", *[p for p in (
+    aten._softmax_backward_data, aten._log_softmax_backward_data, _opt("_masked_softmax_backward"),
+    aten._prelu_kernel_backward, aten.elu_backward, aten.glu_backward, aten.hardsigmoid_backward,
+    aten.hardswish_backward, aten.hardtanh_backward, aten.leaky_relu_backward, aten.log_sigmoid_backward,
+    aten.mish_backward, aten.rrelu_with_noise_backward, aten.softplus_backward, aten.hardshrink_backward,
+    aten.softshrink_backward, _opt("infinitely_differentiable_gelu_backward"), aten.log_sigmoid_forward,
+    aten.rrelu_with_noise, _opt("_masked_softmax")) if p is not None])
+
+_MAX_POOL_BACKWARD = ("aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
+                      "aten::max_pool2d_backward", "aten::adaptive_max_pool2d_backward",
+                      "aten::adaptive_max_pool3d_backward", "aten::fractional_max_pool2d_backward",
+                      "aten::fractional_max_pool3d_backward", "aten::mkldnn_max_pool2d_backward",
+                      "aten::mkldnn_max_pool3d_backward")
+_ADAPTIVE_AVG_POOL_BACKWARD = ("aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward",
+                               "aten::adaptive_avg_pool3d_backward", "aten::mkldnn_adaptive_avg_pool2d_backward")
+_categorize("pooling", *_MAX_POOL_BACKWARD, *_ADAPTIVE_AVG_POOL_BACKWARD, "aten::avg_pool2d_backward",
+            "aten::avg_pool3d_backward", "aten::fractional_max_pool2d", "aten::fractional_max_pool3d")
+
+
+@register_elem_ops(*_MAX_POOL_BACKWARD)
+def max_pool_backward_elem_ops(grad_output: tuple, *args, out_shape, **kwargs) -> int:
+    """Each output gradient goes to the one input its saved index names: one per output element.
+
+    # dx [n, c, h, w] = max_pool2d_with_indices_backward(dy [n, c, ho, wo], x, kernel, ..., indices)
+    """
+    return math.prod(grad_output)
+
+
+@register_elem_ops(*_ADAPTIVE_AVG_POOL_BACKWARD)
+def adaptive_avg_pool_backward_elem_ops(grad_output: tuple, input: tuple, *args, out_shape, **kwargs) -> int:
+    """One element op per input element, as its forward counts (each takes its share of its bins).
+
+    # dx [n, c, h, w] = _adaptive_avg_pool2d_backward(dy [n, c, ho, wo], x [n, c, h, w])
+    """
+    return math.prod(input)
+
+
+def _avg_pool_backward(dims: int) -> ElemFormula:
+    def formula(grad_output, input, kernel_size, *args, out_shape, **kwargs) -> int:
+        window = math.prod(kernel_size) if len(kernel_size) > 1 else int(kernel_size[0]) ** dims
+        return math.prod(grad_output) * window
+
+    formula.__doc__ = (f"Each output gradient is spread over its {dims}-d window: output elements x window, "
+                       "as the forward counts")
+    return formula
+
+
+register_elem_ops("aten::avg_pool2d_backward")(_avg_pool_backward(2))
+register_elem_ops("aten::avg_pool3d_backward")(_avg_pool_backward(3))
+
+
+def embedding_bag_backward_elem_ops(grad: tuple, indices: tuple, num_weights: int, zeroes_table: bool = True) -> int:
+    """An embedding bag's weight gradient adds its bag's gradient row into the row of every index
+    it pooled: one add per (index, feature), on top of zeroing the table's gradient (dense).
+
+    # [num_weights, d] = _embedding_bag_backward(grad [bags, d], indices [k], ...)
+    """
+    d = grad[-1]
+    return math.prod(indices) * d + (int(num_weights) * d if zeroes_table else 0)
+
+
+@register_elem_ops("aten::_embedding_bag_backward")
+def _embedding_bag_backward_elem_ops(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                                     scale_grad_by_freq, mode, sparse, *args, out_shape, **kwargs) -> int:
+    """``nn.EmbeddingBag``'s weight gradient: see ``embedding_bag_backward_elem_ops`` (sparse: no zeroing)."""
+    return embedding_bag_backward_elem_ops(grad, indices, num_weights, zeroes_table=not sparse)
+
+
+@register_elem_ops("aten::_embedding_bag_dense_backward")
+def _embedding_bag_dense_backward_elem_ops(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, *args,
+                                           out_shape, **kwargs) -> int:
+    """The dense weight gradient of an embedding bag: see ``embedding_bag_backward_elem_ops``."""
+    return embedding_bag_backward_elem_ops(grad, indices, num_weights)
+
+
+@register_elem_ops("aten::_embedding_bag_sparse_backward")
+def _embedding_bag_sparse_backward_elem_ops(grad, indices, *args, out_shape, **kwargs) -> int:
+    """The sparse weight gradient of an embedding bag: one row per index, no table to zero."""
+    return embedding_bag_backward_elem_ops(grad, indices, 0, zeroes_table=False)
+
+
+@register_elem_ops("aten::_embedding_bag_per_sample_weights_backward")
+def embedding_bag_per_sample_weights_backward_elem_ops(grad: tuple, weight: tuple, indices: tuple, *args,
+                                                       out_shape, **kwargs) -> int:
+    """The gradient of ``per_sample_weights``: a dot of the bag's gradient with each index's row.
+
+    # [k] = _embedding_bag_per_sample_weights_backward(grad [bags, d], weight [v, d], indices [k], ...)
+    """
+    return math.prod(indices) * grad[-1]
+
+
+_categorize("embedding", "aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward",
+            "aten::_embedding_bag_sparse_backward", "aten::_embedding_bag_per_sample_weights_backward")
+
+_categorize("reduction", *[p for p in (  # losses: one element op per input element
+    aten.nll_loss_forward, aten.nll_loss2d_forward, aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss,
+    aten.binary_cross_entropy, aten.binary_cross_entropy_with_logits, aten.soft_margin_loss,
+    aten.multi_margin_loss, aten.multilabel_margin_loss_forward) if p is not None])
+_categorize("elementwise", *[p for p in (  # their gradients: one per input element
+    aten.nll_loss_backward, aten.nll_loss2d_backward, aten.mse_loss_backward, aten.smooth_l1_loss_backward,
+    aten.huber_loss_backward, aten.binary_cross_entropy_backward, aten.soft_margin_loss_backward,
+    aten.multi_margin_loss_backward, aten.multilabel_margin_loss_backward) if p is not None])
+
+
+@register_elem_ops("aten::nll_loss_forward", "aten::nll_loss2d_forward")
+def nll_loss_elem_ops(input: tuple, target: tuple, *args, out_shape, **kwargs) -> int:
+    """Negative log-likelihood gathers one log-probability per target and sums them: one per target.
+
+    # ([], []) = nll_loss_forward(log_probs [n, classes], target [n], ...)
+    """
+    return math.prod(target)
+
+
+@register_elem_ops("aten::nll_loss_backward", "aten::nll_loss2d_backward")
+def nll_loss_backward_elem_ops(grad_output: tuple, input: tuple, target: tuple, *args, out_shape, **kwargs) -> int:
+    """Its gradient writes one value per target into a zeroed [n, classes]: one per target.
+
+    # dx [n, classes] = nll_loss_backward(dy [], log_probs [n, classes], target [n], ...)
+    """
+    return math.prod(target)
+
+
+_categorize("data_movement", *[p for p in (
+    aten.select_backward, aten.slice_backward, aten.diagonal_backward, aten.unfold_backward,
+    aten.masked_scatter_backward, aten.diag_embed, aten.im2col, aten.col2im, aten.take, aten.put, aten.put_,
+    aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_, aten.masked_scatter,
+    aten.masked_scatter_, aten.scatter_, aten.max_unpool2d, aten.max_unpool3d,
+    aten.reflection_pad1d, aten.reflection_pad3d, aten.replication_pad1d, aten.replication_pad3d,
+    aten.reflection_pad1d_backward, aten.reflection_pad2d_backward, aten.reflection_pad3d_backward,
+    aten.replication_pad1d_backward, aten.replication_pad2d_backward, aten.replication_pad3d_backward) if p is not None])
+
+_INDEX_ADDS = ("aten::index_add", "aten::index_add_", "aten::index_reduce", "aten::index_reduce_")
+_SCATTER_ADDS = ("aten::scatter_add", "aten::scatter_add_", "aten::scatter_reduce", "aten::scatter_reduce_")
+_categorize("data_movement", *_INDEX_ADDS, *_SCATTER_ADDS)
+
+
+@register_elem_ops(*_INDEX_ADDS)
+def index_add_elem_ops(self: tuple, dim: int, index: tuple, source: tuple, *args, out_shape, **kwargs) -> int:
+    """One add (or max, min, product: ``index_reduce``) per element of ``source`` combined into the
+    result; alpha's scaling is folded in, the mean's division not counted.
+
+    # [n, d] = index_add([n, d], 0, index [k], source [k, d]): k*d
+    """
+    return math.prod(source)
+
+
+@register_elem_ops(*_SCATTER_ADDS)
+def scatter_add_elem_ops(self: tuple, dim: int, index: tuple, src: tuple, *args, out_shape, **kwargs) -> int:
+    """One add (or reduction) per element ``index`` names: ``src`` may be larger than ``index``,
+    only its first index-shaped block is combined; the mean's division is not counted.
+
+    # [n, d] = scatter_add([n, d], 0, index [k, d], src [k, d]): k*d
+    """
+    return math.prod(index)
+
+
+# --- Complex data and FFTs ------------------------------------------------------------------------------
+#
+# flops are real multiply-adds. A complex multiply-add (a + bi)(c + di) + (e + fi) is 4 real ones: the
+# real part accumulates ac and -bd, the imaginary part ad and bc (the product's 2 real adds are folded
+# into the accumulation). ``cost_op`` multiplies every multiply-add formula by ``COMPLEX_MULTIPLY_ADDS``
+# when an operand is complex, except the formulas in ``_REAL_MULTIPLY_ADDS``, which count real work
+# already (the FFTs).
+
+COMPLEX_MULTIPLY_ADDS = 4
+FFT_FLOPS_PER_POINT_LOG2 = 5  # benchFFT: a complex transform of N points is 5 N log2 N real flops
+
+
+def fft_multiply_adds(sizes: Sequence[int], transforms: int = 1, real: bool = False) -> int:
+    """Real multiply-adds of ``transforms`` FFTs over ``sizes`` (the transformed dims), by benchFFT's
+    convention (www.fftw.org/speed/method.html): 5 N log2 N real flops per complex transform of
+    N = prod(sizes) points (the radix-2 Cooley-Tukey count: N/2 log2 N butterflies, each a complex
+    multiply, 6 flops, and two complex adds, 4 flops), half that for a real-input or real-output
+    transform; 2 flops per multiply-add. The same formula for every N: it is a convention for
+    comparing transforms, not the count of one algorithm. The scaling of ``norm=`` is element-wise
+    work and not counted. Rounded to the nearest integer.
+
+    # complex N: 5/2 N log2 N multiply-adds; real N: 5/4 N log2 N
+    """
+    n = math.prod(int(s) for s in sizes)
+    if n <= 1:
+        return 0
+    flops = FFT_FLOPS_PER_POINT_LOG2 * n * math.log2(n) / (2 if real else 1)
+    return int(transforms * flops / 2 + 0.5)
+
+
+def _fft_points(t, dim) -> tuple[list[int], int]:
+    """The transformed sizes of ``t`` along ``dim`` and how many transforms its other dims make."""
+    sizes = [int(t.shape[d]) for d in dim]
+    n = math.prod(sizes)
+    return sizes, (t.numel() // n if n else 0)
+
+
+@register_flops(aten._fft_c2c)
+def fft_c2c_flops(input, dim, normalization, forward, *, out_val=None, **kwargs) -> int:
+    """A complex-to-complex FFT (``torch.fft.fft/ifft/fftn``): see ``fft_multiply_adds``.
+
+    # [..., n] complex = _fft_c2c([..., n] complex, dim)
+    """
+    return fft_multiply_adds(*_fft_points(input, dim))
+
+
+@register_flops(aten._fft_r2c)
+def fft_r2c_flops(input, dim, normalization, onesided, *, out_val=None, **kwargs) -> int:
+    """A real-input FFT (``torch.fft.rfft/rfftn``, and ``fft`` of a real tensor): half a complex one.
+
+    # [..., n//2 + 1] complex = _fft_r2c([..., n] real, dim, onesided=True); [..., n] when two-sided
+    """
+    return fft_multiply_adds(*_fft_points(input, dim), real=True)
+
+
+@register_flops(aten._fft_c2r)
+def fft_c2r_flops(input, dim, normalization, last_dim_size, *, out_val=None, **kwargs) -> int:
+    """A real-output inverse FFT (``torch.fft.irfft/irfftn/hfft``): half a complex one, over the
+    real output's sizes.
+
+    # [..., last_dim_size] real = _fft_c2r([..., n//2 + 1] complex, dim, last_dim_size)
+    """
+    return fft_multiply_adds(*_fft_points(out_val, dim), real=True)
+
+
+_REAL_MULTIPLY_ADDS = {_key(aten._fft_c2c), _key(aten._fft_r2c), _key(aten._fft_c2r)}
 
 
 # --- Vision ops: interpolation, sampling, RoI pooling, NMS, deformable convolution ---------------------
@@ -398,6 +733,79 @@ def grid_sampler_elem_ops(input: tuple, grid: tuple, interpolation_mode: int, *a
 def cudnn_grid_sampler_elem_ops(input: tuple, grid: tuple, *, out_shape: tuple) -> int:
     """cuDNN's grid sampler is bilinear only: 4 taps per output element."""
     return math.prod(out_shape) * 4
+
+
+@register_elem_ops("aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward")
+def grid_sampler_backward_elem_ops(grad_output: tuple, input: tuple, grid: tuple, interpolation_mode: int,
+                                   padding_mode: int, align_corners: bool, output_mask, *, out_shape) -> int:
+    """Each gradient asked for visits every tap of every output once: the input gradient adds
+    w * dy into each tap, the grid gradient accumulates dy * v * dw/dx from each.
+
+    # (d_input [n, c, *in], d_grid [n, *out, dims]) = grid_sampler_2d_backward(dy [n, c, *out], input, grid, ...)
+    """
+    taps = grid_sampler_elem_ops(input, grid, interpolation_mode, out_shape=grad_output)
+    return taps * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+@register_elem_ops("aten::_grid_sampler_2d_cpu_fallback_backward")
+def grid_sampler_fallback_backward_elem_ops(grad_output: tuple, input: tuple, grid: tuple, interpolation_mode: int,
+                                            *args, out_shape) -> int:
+    """The CPU fallback's backward computes both gradients: twice the forward's taps."""
+    return 2 * grid_sampler_elem_ops(input, grid, interpolation_mode, out_shape=grad_output)
+
+
+@register_elem_ops("aten::cudnn_grid_sampler_backward")
+def cudnn_grid_sampler_backward_elem_ops(input: tuple, grid: tuple, grad_output: tuple, *, out_shape) -> int:
+    """cuDNN's bilinear sampler's backward: both gradients, 4 taps per output element each."""
+    return 2 * 4 * math.prod(grad_output)
+
+
+def affine_grid_flops(theta: tuple, out_shape: tuple) -> int:
+    """Multiply-adds of ``F.affine_grid``: every output point is theta [dims, dims + 1] times its
+    homogeneous base coordinate (ATen: base_grid [n, points, dims + 1] bmm theta^T). Its backward,
+    theta's gradient, is the same product transposed (torch decomposes it into that bmm).
+
+    # [n, h, w, 2] = affine_grid_generator(theta [n, 2, 3], size [n, c, h, w]): n*h*w * 2*3
+    # [n, d, h, w, 3] = affine_grid_generator(theta [n, 3, 4], size [n, c, d, h, w]): n*d*h*w * 3*4
+    """
+    return math.prod(out_shape[:-1]) * theta[-2] * theta[-1]
+
+
+@register_flops("aten::affine_grid_generator", "aten::cudnn_affine_grid_generator")
+def _affine_grid_flops(theta, *args, out_val=None, **kwargs) -> int:
+    """``F.affine_grid`` (spatial transformers, Jaderberg et al., NeurIPS 2015): see ``affine_grid_flops``."""
+    return affine_grid_flops(_shapes(theta), _shapes(out_val))
+
+
+@register_flops("aten::cudnn_affine_grid_generator_backward")
+def _affine_grid_backward_flops(grad, n, c, h, w, *, out_val=None, **kwargs) -> int:
+    """cuDNN's theta gradient: grad [n, h, w, 2] against the base grid, the forward's multiply-adds."""
+    return affine_grid_flops(_shapes(out_val), _shapes(grad))
+
+
+_categorize("matmul", "aten::affine_grid_generator", "aten::cudnn_affine_grid_generator",
+            "aten::cudnn_affine_grid_generator_backward")
+
+
+def _interpolation_backward(taps_per_dim: int, antialias: bool = False) -> ElemFormula:
+    def formula(grad_output, output_size, input_size, *args, out_shape, **kwargs) -> int:
+        return interpolation_elem_ops(tuple(input_size), grad_output, taps_per_dim, antialias)
+
+    formula.__doc__ = (f"The backward of interpolation: each output gradient is spread over the same "
+                       f"{taps_per_dim} input tap(s) per spatial dim its forward read"
+                       + (", widened by the downscaling factor (antialias)" if antialias else ""))
+    return formula
+
+
+register_elem_ops("aten::upsample_nearest1d_backward", "aten::upsample_nearest2d_backward",
+                  "aten::upsample_nearest3d_backward", "aten::_upsample_nearest_exact1d_backward",
+                  "aten::_upsample_nearest_exact2d_backward",
+                  "aten::_upsample_nearest_exact3d_backward")(_interpolation_backward(1))
+register_elem_ops("aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward",
+                  "aten::upsample_trilinear3d_backward")(_interpolation_backward(2))
+register_elem_ops("aten::upsample_bicubic2d_backward")(_interpolation_backward(4))
+register_elem_ops("aten::_upsample_bilinear2d_aa_backward")(_interpolation_backward(2, antialias=True))
+register_elem_ops("aten::_upsample_bicubic2d_aa_backward")(_interpolation_backward(4, antialias=True))
 
 
 ROI_ADAPTIVE_SAMPLES = 4  # 2x2 points per bin when sampling_ratio <= 0 (adaptive: the boxes decide)
@@ -484,7 +892,15 @@ _categorize("data_movement", "aten::upsample_nearest1d", "aten::upsample_nearest
             "aten::upsample_linear1d", "aten::upsample_bilinear2d", "aten::upsample_trilinear3d",
             "aten::upsample_bicubic2d", "aten::_upsample_bilinear2d_aa", "aten::_upsample_bicubic2d_aa",
             "aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::_grid_sampler_2d_cpu_fallback",
-            "aten::cudnn_grid_sampler")
+            "aten::cudnn_grid_sampler",
+            "aten::upsample_nearest1d_backward", "aten::upsample_nearest2d_backward",
+            "aten::upsample_nearest3d_backward", "aten::_upsample_nearest_exact1d_backward",
+            "aten::_upsample_nearest_exact2d_backward", "aten::_upsample_nearest_exact3d_backward",
+            "aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward",
+            "aten::upsample_trilinear3d_backward", "aten::upsample_bicubic2d_backward",
+            "aten::_upsample_bilinear2d_aa_backward", "aten::_upsample_bicubic2d_aa_backward",
+            "aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward",
+            "aten::_grid_sampler_2d_cpu_fallback_backward", "aten::cudnn_grid_sampler_backward")
 _categorize("pooling", "torchvision::roi_align", "torchvision::ps_roi_align", "torchvision::roi_pool",
             "torchvision::ps_roi_pool")
 _categorize("host_sync", "torchvision::nms")  # its output size depends on the data, like nonzero
@@ -783,6 +1199,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
             weight -= _nbytes(args[1]) - attrs["expert_bytes_read"]
 
     flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+    if flops and key not in _REAL_MULTIPLY_ADDS and any(t.is_complex() for t in ins):
+        flops *= COMPLEX_MULTIPLY_ADDS  # real multiply-adds of complex operands (see "Complex data and FFTs")
     if category == "attention" and flops:
         attrs = _causal_attrs(func, args, kwargs, flops)
     if key in _ATTRS:

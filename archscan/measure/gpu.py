@@ -91,7 +91,7 @@ FIT = GpuTimeFit(
         "grouped_conv": 0.3, "patch_conv": 0.411},
     bandwidth={"activation": 0.907, "attention": 0.519, "batch_norm": 0.324, "batch_norm_backward": 0.273, "cat": 0.5,
         "conv": 0.689, "conv_backward": 0.427, "copy": 0.8, "depthwise_conv": 0.131, "elementwise": 0.989,
-        "elementwise_backward": 0.919, "embedding": 0.6, "factory": 0.8, "gemm": 0.7, "grouped_conv": 0.5,
+        "elementwise_backward": 0.921, "embedding": 0.6, "factory": 0.8, "gemm": 0.7, "grouped_conv": 0.5,
         "host_sync": 0.5, "norm": 0.286, "norm_backward": 0.321, "other": 0.5, "patch_conv": 0.5, "pooling": 0.216,
         "reduction": 0.6, "rnn": 0.3},
     kernels={"activation": 1.0, "attention": 1.5, "attention_backward": 5.25, "batch_norm": 3.0,
