@@ -476,3 +476,22 @@ def test_ops_without_a_scratch_model_are_named_not_hidden(capsys):
     assert "unmodelled_scratch" not in archscan.scan("zoo:resnet18", [(1, 3, 64, 64)], recommend=False, rules=[]).memory
     assert main(["zoo:resnet18", "--input", "1,3,32,32"]) == 0
     assert "not modelled" not in capsys.readouterr().out
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.lstm, self.head = nn.Linear(32, 32), nn.LSTM(32, 64, 2, batch_first=True), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.lstm(self.pre(x))[0][:, -1])
+
+
+def test_an_lstm_backward_is_split_between_its_gradients():
+    """oneDNN's LSTM backward is one kernel for the input, state and weight gradients: half its
+    multiply-adds each way, so the step's why names only the first layer's missing input gradient."""
+    step = train_step(ModelTarget("lstm", None, instance=Recurrent()), [InputSpec((4, 16, 32))], stand_in())
+    why = step["backward_forward_why"]
+    assert [w["modules"] for w in why] == [["pre"]] and why[0]["flops"] == -4 * 16 * 32 * 32
+    lstm = step["modules"]["lstm"]
+    assert lstm["input_grad"] == lstm["weight_grad"] > 0

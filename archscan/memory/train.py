@@ -140,6 +140,8 @@ class _StepTracker(MemoryTracker):
         mac = cost.mac_bytes
         if func.overloadpacket is torch.ops.aten.convolution_backward:
             split, mac = _convolution_backward_split(args, kwargs, out, cost.flops)
+        elif func.overloadpacket in _RNN_BACKWARDS:  # one kernel for both gradients: half its work is the
+            split = (cost.flops // 2, mac // 2)  # input and state gradients' (the gate gradient times each weight)
         elif phase != "backward":
             split = (cost.flops, mac)
         module = self.where if isinstance(self.where, str) else ""
@@ -364,6 +366,11 @@ def _claim(forward_of: dict[int, str], output: Any, path: str) -> None:
             continue
         forward_of[nr] = path
         stack.extend(n for n, _ in node.next_functions if n is not None)
+
+
+_RNN_BACKWARDS = frozenset(op for op in (getattr(torch.ops.aten, name, None) for name in
+                                         ("mkldnn_rnn_layer_backward", "_cudnn_rnn_backward", "miopen_rnn_backward"))
+                           if op is not None)
 
 
 def _convolution_backward_split(args, kwargs, out, flops: int) -> tuple[tuple[int, int], int]:
