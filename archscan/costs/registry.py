@@ -708,14 +708,18 @@ def _interpolation(taps_per_dim: int, antialias: bool = False) -> ElemFormula:
     return formula
 
 
-register_elem_ops("aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
-                  "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
-                  "aten::_upsample_nearest_exact3d")(_interpolation(1))
-register_elem_ops("aten::upsample_linear1d", "aten::upsample_bilinear2d",
-                  "aten::upsample_trilinear3d")(_interpolation(2))
-register_elem_ops("aten::upsample_bicubic2d")(_interpolation(4))
-register_elem_ops("aten::_upsample_bilinear2d_aa")(_interpolation(2, antialias=True))
-register_elem_ops("aten::_upsample_bicubic2d_aa")(_interpolation(4, antialias=True))
+# the interpolation ops by their taps per spatial dim (and antialias): each forward's formula, and
+# (below) each backward's, which spreads every output gradient over the same taps
+_INTERPOLATIONS = (
+    (("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+      "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"), 1, False),
+    (("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d"), 2, False),
+    (("upsample_bicubic2d",), 4, False),
+    (("_upsample_bilinear2d_aa",), 2, True),
+    (("_upsample_bicubic2d_aa",), 4, True),
+)
+for _names, _taps, _aa in _INTERPOLATIONS:
+    register_elem_ops(*(f"aten::{n}" for n in _names))(_interpolation(_taps, antialias=_aa))
 
 GRID_SAMPLER_TAPS_PER_DIM = {0: 2, 1: 1, 2: 4}  # interpolation_mode: bilinear, nearest, bicubic
 
@@ -797,15 +801,8 @@ def _interpolation_backward(taps_per_dim: int, antialias: bool = False) -> ElemF
     return formula
 
 
-register_elem_ops("aten::upsample_nearest1d_backward", "aten::upsample_nearest2d_backward",
-                  "aten::upsample_nearest3d_backward", "aten::_upsample_nearest_exact1d_backward",
-                  "aten::_upsample_nearest_exact2d_backward",
-                  "aten::_upsample_nearest_exact3d_backward")(_interpolation_backward(1))
-register_elem_ops("aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward",
-                  "aten::upsample_trilinear3d_backward")(_interpolation_backward(2))
-register_elem_ops("aten::upsample_bicubic2d_backward")(_interpolation_backward(4))
-register_elem_ops("aten::_upsample_bilinear2d_aa_backward")(_interpolation_backward(2, antialias=True))
-register_elem_ops("aten::_upsample_bicubic2d_aa_backward")(_interpolation_backward(4, antialias=True))
+for _names, _taps, _aa in _INTERPOLATIONS:
+    register_elem_ops(*(f"aten::{n}_backward" for n in _names))(_interpolation_backward(_taps, antialias=_aa))
 
 
 ROI_ADAPTIVE_SAMPLES = 4  # 2x2 points per bin when sampling_ratio <= 0 (adaptive: the boxes decide)
