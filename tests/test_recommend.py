@@ -389,3 +389,19 @@ def test_export_failure_is_read_from_the_capture_notes():
     assert export_failure(notes("fx failed (x); export failed (the model needs tensor values at m.py:4 (in f))",
                                 "eager capture: ...")) == "the model needs tensor values at m.py:4 (in f)"
     assert export_failure(notes("fx failed (x); export failed (graph did not run: y)")) is None  # export itself worked
+
+
+def test_a_decode_runs_low_precision_check_is_a_decode_step(capsys):
+    """After --decode, the bf16 check analyses the same step in bf16 (a measurement would time a
+    forward of the new tokens without their cache); the command it prints runs."""
+    import json
+    import shlex
+
+    from archscan.cli import main
+
+    assert main(["zoo:llama_tiny", "--input", "1,1:int64", "--decode", "64", "--device-profile", "h100", "--json"]) == 0
+    rec = next(r for r in json.loads(capsys.readouterr().out)["recommendations"] if r["kind"] == "low-precision")
+    command = rec["reason"].split("analyse the step in it: ", 1)[1]
+    assert "--measure" not in command and "--decode 64 --dtype bf16 --device-profile h100" in command
+    assert main(shlex.split(command)[1:]) == 0
+    assert "decode     " in capsys.readouterr().out

@@ -334,11 +334,19 @@ def _low_precision(ctx: Context) -> list[Recommendation]:
         before = sum(predict_node(n, ctx.profile)[0] for n in nodes)
         after = sum(predict_node(as_run(n, "bf16"), ctx.profile)[0] for n in nodes)
         saving, basis = {"ms": max(0.0, before - after), **saving}, "predicted"
+    decode = (ctx.report.phases or {}).get("decode")
+    if decode:  # a decode step: its bf16 twin is analysed the same way (a measurement would time a forward
+        named = getattr(ctx.profile, "created", "").startswith("datasheet")  # without the cache)
+        profile = f" --device-profile {ctx.profile.name.split(' (')[0]}" if named else ""
+        check = ("analyse the step in it: " + (f"archscan {ctx.command} --decode {decode['context']} --dtype bf16{profile}"
+                                              if ctx.command else
+                                              f"archscan.scan(model, inputs, decode={decode['context']}, dtype='bfloat16')"))
+    else:
+        check = "measure it: " + ctx.scan_command("--measure --amp bf16", "archscan.measure.MeasureOptions(amp='bf16')")
     return [Recommendation(
         kind="low-precision", target=("",),
         reason=f"run the conv/linear/matmul work in bfloat16: {len(nodes)} layers move half the bytes "
-               "(and use tensor cores on a GPU); measure it: "
-               + ctx.scan_command("--measure --amp bf16", "archscan.measure.MeasureOptions(amp='bf16')"),
+               "(and use tensor cores on a GPU); " + check,
         estimated_saving=saving, basis=basis,
         apply=f"with torch.autocast({_device_type(ctx)!r}, dtype=torch.bfloat16): model(x)",
         findings=ctx.cited("low-precision"),
