@@ -23,7 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ArchscanError, CaptureError
 from .frames import at, short
-from .targets import InputSpec, ModelTarget
+from .specs import path_text
+from .targets import InputSpec, ModelTarget, input_leaves
 from .recording import quiet
 
 
@@ -321,20 +322,10 @@ class Call:
         return values
 
 
-def nested_tensors(x: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+def nested_tensors(x: Any) -> list[tuple[str, torch.Tensor]]:
     """The tensors in an input (itself, or those in a list, tuple, dict or dataclass of them,
     nested), each with its place in it: ('', x), ('[0]', ...), ('.time_ids', ...)."""
-    if isinstance(x, torch.Tensor):
-        return [(path, x)]
-    if isinstance(x, dict):
-        items = [(f".{k}", v) for k, v in x.items()]
-    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-        items = [(f".{f.name}", getattr(x, f.name)) for f in dataclasses.fields(x)]
-    elif isinstance(x, (list, tuple)):
-        items = [(f"[{i}]", v) for i, v in enumerate(x)]
-    else:
-        return []
-    return [leaf for key, v in items for leaf in nested_tensors(v, path + key)]
+    return [(path_text(path), t) for path, t in input_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 class _Tree:

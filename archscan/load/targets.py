@@ -474,27 +474,28 @@ def _described(x: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _leaves(x: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
-    """The tensors (or shapes, specs) of a nested input, each with its place in it."""
+def input_leaves(x: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """The tensors (or shapes, specs) of a nested input (lists, tuples, dicts, dataclasses), each
+    with its place in it (``InputSpec.path``)."""
     if isinstance(x, (InputSpec, str, torch.Tensor)):
         return [(path, x)]
     if isinstance(x, dict):
         if not x:
             raise ArchscanError("cannot read an input spec from an empty dict", hint="give its tensors")
-        return [leaf for k, v in x.items() for leaf in _leaves(v, path + (("dict", k),))]
+        return [leaf for k, v in x.items() for leaf in input_leaves(v, path + (("dict", k),))]
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return [leaf for f in dataclasses.fields(x) if getattr(x, f.name) is not None
-                for leaf in _leaves(getattr(x, f.name), path + ((type(x), f.name),))]
+                for leaf in input_leaves(getattr(x, f.name), path + ((type(x), f.name),))]
     if isinstance(x, (list, tuple)) and not _is_shape(x):
         kind = "tuple" if isinstance(x, tuple) else "list"
-        return [leaf for i, v in enumerate(x) for leaf in _leaves(v, path + ((kind, i),))]
+        return [leaf for i, v in enumerate(x) for leaf in input_leaves(v, path + ((kind, i),))]
     return [(path, x)]
 
 
 def _specs_of(x: Any, name: str | None = None, arg: int | None = None) -> list[InputSpec]:
     """One forward argument's specs: a flat one, or each tensor of a nested one with its place."""
     out = []
-    for path, leaf in _leaves(x):
+    for path, leaf in input_leaves(x):
         spec = _to_spec(leaf)
         out.append(dataclasses.replace(spec, name=name if name is not None else spec.name, path=path,
                                        arg=None if name is not None or not path else arg) if path or name else spec)
