@@ -41,7 +41,8 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
          memory: str | int | None = None, what_ifs: bool = False, decode: int | None = None,
          decode_on: Sequence[DeviceProfile] = (), allow_pickle: bool = False,
          execution: str | None = None, parallel: "str | ParallelSpec | None" = None,
-         plan: str | Callable | None = None, interconnect: str | None = None) -> Report:
+         plan: str | Callable | None = None, interconnect: str | None = None, quant: str | None = None,
+         kv: str | None = None, keep: Sequence[str] = ()) -> Report:
     """Analyse a model: params, FLOPs (multiply-adds) and memory access cost per layer.
 
     Safe to call from several threads: calls take turns on one process-wide lock, and the
@@ -95,6 +96,13 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
             as ``function(model, mesh)`` on the meta device, doing all of the sharding itself.
         interconnect: with ``parallel``, the interconnect collectives are timed on
             (``archscan.parallel.comm.INTERCONNECTS``); default: the GPU's own NVLink node.
+        quant: analyse the model quantized with torchao (``'int8'``, ``'w8a8'``, ``'fp8'``, ``'int4'``,
+            ``'int4:g32'``; ``archscan.quant``): ``report.quant`` holds each linear layer quantized or
+            kept and why, its bytes as stored, and the totals and predicted time before and after
+            (with ``decode``, the decode step's tokens/s too). Needs torchao (``archscan[quant]``).
+        kv: with ``decode``, the KV cache quantized too (``'int8'`` or ``'fp8'``: one byte an element).
+        keep: with ``quant``, layers that stay in high precision (module paths, prefixes or regular
+            expressions).
 
     Returns:
         A frozen ``Report``; ``report.to_json()`` is the ``--json`` output.
@@ -120,11 +128,12 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
     spread = _parallel(parallel, plan, interconnect, train, what_ifs, decode, budget)
+    quantize = _quant_options(quant, kv, keep, decode, spread)
     runs_as = _execution(execution, profile, memory, options)
     try:
         with seeded_rng(), collector_paused(), executing(runs_as):
             report = _scan(target, specs, kwargs or {}, dtype, capture_method, name, selected, options, profile,
-                           recommend, train, budget, what_ifs, decode, decode_on, spread)
+                           recommend, train, budget, what_ifs, decode, decode_on, spread, quantize)
             return report
     except SystemExit as exc:  # the model's constructor or forward called sys.exit()
         raise exit_error(exc, "running the model", target.source_file) from None
@@ -322,7 +331,7 @@ def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dty
 
 def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options, profile, advise,
           train: TrainOptions | None = None, budget=None, what_ifs: bool = False, decode: int | None = None,
-          decode_on: Sequence[DeviceProfile] = (), spread: dict | None = None) -> Report:
+          decode_on: Sequence[DeviceProfile] = (), spread: dict | None = None, quantize: dict | None = None) -> Report:
     target = with_build(target, kwargs, specs)  # one build: every stage below copies it
     budget_model = (_budget_model(target, specs, kwargs, dtype, budget)
                     if (budget is not None and spread is None) or what_ifs else None)
@@ -353,15 +362,83 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
                                                                               profile))
     if (budget is not None and spread is None) or what_ifs:
         report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
+    variants, layers = None, None
+    if quantize is not None:
+        report, variants, layers = _quant(report, captured.model, quantize, profile, dtype)
     if decode is not None:
         from .llm.decode import decode_step
 
         named = profile is not None and profile.created.startswith("datasheet")  # a named GPU: its speed grid
         llm = decode_step(target, specs, decode, kwargs, dtype, profile, model=captured.model if captured.fake else None,
-                          grid=named, others=decode_on)
+                          grid=named, others=decode_on, variants=variants)
         report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
+        if quantize is not None:
+            report = dataclasses.replace(report, quant=_quant_decode(report, quantize, dtype))
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
+
+
+def _quant_options(quant, kv, keep, decode, spread) -> dict | None:
+    """``--quant``, ``--kv`` and ``--keep`` checked before any analysis: {scheme, kv, keep} or None."""
+    if quant is None and kv is None:
+        if keep:
+            raise ArchscanError("--keep names the layers --quant leaves in high precision", hint="add --quant SCHEME")
+        return None
+    from .quant import parse_kv, parse_scheme, torchao
+
+    scheme = parse_scheme(quant) if quant is not None else None
+    if kv is not None and decode is None:
+        raise ArchscanError("--kv quantizes the KV cache of a decode step", hint="add --decode L")
+    if spread is not None:
+        raise ArchscanError("--quant analyses inference; --parallel a training step", hint="run them in scans of their own")
+    if scheme is not None:
+        torchao()  # missing: one line saying what to install, before any analysis
+    return {"scheme": scheme, "kv": parse_kv(kv) if kv is not None else None, "keep": tuple(keep or ())}
+
+
+def _quant(report: Report, model, quantize: dict, profile, dtype):
+    """(the report with ``quant``, the decode step's variant, the layers) for ``scan(quant=...)``."""
+    from .measure.gpu import gpu_of
+    from .memory.gpu import current
+    from .devices.gpus import gpu as named_gpu
+    from .quant import decode_variant, quant_section
+
+    gpu = gpu_of(profile) if profile else None
+    if gpu is None and current().is_gpu:
+        found = named_gpu(current().name)
+        gpu = found if found is not None and found.bf16_tflops is not None else None
+    scheme, section, layers = quantize["scheme"], None, {}
+    if scheme is not None:
+        section = quant_section(model, report, scheme, gpu=gpu, profile=profile, keep=quantize["keep"])
+        layers = {l["module"]: (l["weight_bytes"], l["stored_bytes"]) for l in section["layers"] if "kept" not in l}
+    kv_ratio = 1.0
+    if quantize["kv"] is not None:
+        from .quant import KV_SCHEMES
+
+        held = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype or torch.float32)
+        kv_ratio = KV_SCHEMES[quantize["kv"]] / torch.empty((), dtype=dtype or held).element_size()
+    variant = decode_variant(layers, scheme, kv_ratio)
+    quantize["kv_ratio"] = kv_ratio
+    return (dataclasses.replace(report, quant=section) if section is not None else report), {"quantized": variant}, layers
+
+
+def _quant_decode(report: Report, quantize: dict, dtype) -> dict:
+    """``report.quant`` with the decode step before and after, and the KV cache per token."""
+    section = dict(report.quant or {"scheme": None})
+    step = report.phases["decode"]
+    keys = ("weight_bytes", "mac_bytes", "predicted_ms", "served_ms", "tokens_per_s", "served_tokens_per_s")
+    before = {k: step[k] for k in keys if step.get(k) is not None}
+    after = {k: step["quantized"][k] for k in keys if step["quantized"].get(k) is not None}
+    section["decode"] = {"context": step["context"], "before": before, "after": after}
+    for key, name in (("tokens_per_s", "speedup"), ("served_tokens_per_s", "served_speedup")):
+        if before.get(key) and after.get(key):
+            section["decode"][name] = after[key] / before[key]
+    if quantize["kv"] is not None:
+        per_token = report.kv_cache["bytes_per_token"]
+        section["kv"] = {"scheme": quantize["kv"], "bytes_per_token": per_token,
+                         "bytes_per_token_after": round(per_token * quantize["kv_ratio"]),
+                         "convention": "one byte an element, one scale per tensor (negligible)"}
+    return section
 
 
 def _parallel_section(target, specs, kwargs, dtype, train: TrainOptions, spread: dict, profile, budget) -> dict:

@@ -50,6 +50,9 @@ def scan_cmd(
     release_output: Annotated[bool, typer.Option("--release-output", help="with --train: the loop lets the model's output go before backward (del out); by default it holds it until the step ends")] = False,
     memory: Annotated[Optional[str], typer.Option("--memory", help="a memory budget (80GiB, 24GB, or a GPU: h100, a100-40gb, l4, ...): the largest batch that fits; with --train also a checkpointing plan")] = None,
     decode: Annotated[Optional[int], typer.Option("--decode", min=1, help="one decode step of --input's tokens (e.g. 1,1:int64) after a KV cache of this many tokens: prefill and decode phases, KV bytes, tokens/s with a profile (--device-profile h100)")] = None,
+    quant: Annotated[Optional[str], typer.Option("--quant", help="analyse the model quantized with torchao: int8 (weight-only), w8a8 (dynamic int8 activations), fp8 (weight-only), int4[:gN] (weight-only, groups of N): bytes as stored, kept layers, time and tokens/s before and after (needs archscan[quant])")] = None,
+    kv: Annotated[Optional[str], typer.Option("--kv", help="with --decode: the KV cache quantized too, int8 or fp8")] = None,
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", help="with --quant: keep these layers in high precision (a module path, its prefix or a regular expression; repeat)")] = None,
     what_if: Annotated[bool, typer.Option("--what-if", help="with --train: the step re-analysed with one change each (bf16, optimizer implementations, set_to_none=False, a frozen half, gradient accumulation, in-place)")] = False,
     memory_snapshot: Annotated[Optional[str], typer.Option("--memory-snapshot", help="with --train: write the step's allocations as a PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz")] = None,
     parallel: Annotated[Optional[str], typer.Option("--parallel", help="with --train: the step over a mesh of GPUs, as torch.distributed runs it on fake tensors: fsdp=8, fsdp=8:zero2, dp=2,fsdp=4 (HSDP), tp=8, fsdp=8,tp=8, ddp=8; auto:N with --memory searches the meshes of N GPUs; --input is one rank's micro-batch")] = None,
@@ -91,6 +94,7 @@ def scan_cmd(
     if train and measure and amp:
         raise ArchscanError("--amp with both --measure and --train is ambiguous", hint="measure and train in two runs")
 
+    _check_quant(quant, kv, keep, decode)
     check_arguments(model, input, dtype)
     _check_report_paths(report_path, markdown, memory_snapshot)
     if memory is not None:
@@ -142,7 +146,7 @@ def scan_cmd(
                                         capture_method=capture, name=model, rules=selected, measure=options,
                                         profile=profile, train=training, memory=memory,
                                         what_ifs=what_if, decode=decode, parallel=parallel, plan=plan,
-                                        interconnect=interconnect,
+                                        interconnect=interconnect, quant=quant, kv=kv, keep=keep or (),
                                         execution=gpu if gpu is not None else str(where) if where is not None else None), None
         except DeviceError as exc:
             if exc.report is None:
@@ -166,6 +170,20 @@ def scan_cmd(
     if fail_on is not None and worst is not None and SEVERITIES.index(worst) >= SEVERITIES.index(fail_on):
         typer.echo(f"archscan: {worst} findings at or above --fail-on {fail_on}", err=True)
         raise typer.Exit(1)
+
+
+def _check_quant(quant: str | None, kv: str | None, keep, decode) -> None:
+    """--quant, --kv and --keep read before the model is imported: a typo costs no analysis."""
+    from .quant.schemes import parse_kv, parse_scheme
+
+    if quant is not None:
+        parse_scheme(quant)
+    if kv is not None:
+        parse_kv(kv)
+        if decode is None:
+            raise ArchscanError("--kv quantizes the KV cache of a decode step", hint="add --decode L")
+    if keep and quant is None:
+        raise ArchscanError("--keep names the layers --quant leaves in high precision", hint="add --quant SCHEME")
 
 
 @app.command("fuse")

@@ -163,6 +163,7 @@ class Report:
     phases: dict | None = None              # --decode: the prefill and one decode step (archscan.llm.decode)
     kv_cache: dict | None = None            # --decode: the traced cache's bytes
     parallel: dict | None = None            # --parallel: one rank's step over a mesh (archscan.parallel)
+    quant: dict | None = None               # --quant/--kv: the model quantized, before and after (archscan.quant)
     schema: str = SCHEMA
 
     def node(self, name: str) -> NodeReport:
@@ -209,6 +210,8 @@ class Report:
             out["phases"], out["kv_cache"] = self.phases, self.kv_cache
         if self.parallel is not None:
             out["parallel"] = self.parallel
+        if self.quant is not None:
+            out["quant"] = self.quant
         return out
 
 

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("analysis", ["archscan.analysis*"]),  # the analysis core ends here: nothing below imports what is above
     ("measure", ["archscan.measure*"]),
     ("llm", ["archscan.llm*"]),  # a decode step with a KV cache, predicted on a profile
+    ("quant", ["archscan.quant*"]),  # a model quantized with torchao: bytes as stored, costs as its kernels run
     ("parallel", ["archscan.parallel*"]),  # a training step over a mesh of ranks: FSDP2, TP, DDP, on fake tensors
     ("transform", ["archscan.transform*"]),
     ("prune", ["archscan.prune*"]),

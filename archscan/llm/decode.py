@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch._guards import detect_fake_mode
@@ -97,6 +97,7 @@ class _StepCosts(TorchDispatchMode):
         self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
         self.kv_read: dict[int, int] = {}  # cache storage -> the bytes of it the step's ops read
         self.read_spans: dict[int, set[tuple[int, int]]] = {}  # cache storage -> the byte ranges its views read
+        self.kv_by_op: list[int] = []  # per op, the bytes of the cache's tensors it reads (a quantized cache's saving)
         self.from_cache = set(cache_keys)  # storages computed from the cache
         self.context_gemms: list[tuple[int, str | None, str]] = []  # (multiply-adds, model line, module)
         self.where, self.called_at = "", {}  # the module running now (``memory.module_hooks`` keeps them)
@@ -129,6 +130,8 @@ class _StepCosts(TorchDispatchMode):
         derived = [t for t in tensors if storage_key(t) in self.from_cache]
         written = {id(a) for a, arg in zip(args, func._schema.arguments)
                    if isinstance(a, torch.Tensor) and arg.alias_info is not None and arg.alias_info.is_write}
+        self.kv_by_op.append(0 if func.is_view else sum(t.numel() * t.element_size() for t in derived
+                                                        if storage_key(t) in self.cache_keys and id(t) not in written))
         for t in derived if not func.is_view else ():  # a view reads nothing; a write into the cache is no read
             key = storage_key(t)
             if key in self.cache_keys and id(t) not in written:  # the bytes of the cache this op reads (a sliding
@@ -235,12 +238,14 @@ def check_decode(specs: Sequence[InputSpec], context: int) -> None:
 def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, kwargs: dict | None = None,
                 dtype: torch.dtype | None = None, profile: DeviceProfile | None = None,
                 model: torch.nn.Module | None = None, grid: bool = False,
-                others: Sequence[DeviceProfile] = ()) -> dict:
+                others: Sequence[DeviceProfile] = (), variants: dict[str, Callable] | None = None) -> dict:
     """The ``phases.decode`` and ``kv_cache`` sections: one step of ``specs`` (the new tokens)
     after a cache of ``context`` tokens. ``model``: the scan's model on fake tensors, reused (its
     modes are left as found); None builds one. ``grid`` (with a profile): predicted time to the
     first token, decode ms and tokens/s over the batch × context grid (``kv_cache.speed``).
-    ``others``: more profiles the step is predicted on (``phases.decode.on``, beside ``profile``'s)."""
+    ``others``: more profiles the step is predicted on (``phases.decode.on``, beside ``profile``'s).
+    ``variants``: name -> ``f(nodes, kv_bytes_read_per_node) -> nodes``, the step as a changed model
+    runs it (a quantized one: ``archscan.quant``), totalled and predicted as ``phases.decode[name]``."""
     check_decode(specs, context)
     fake_mode = detect_fake_mode(list(model.parameters())) if model is not None else None
     if fake_mode is None:
@@ -254,7 +259,7 @@ def decode_step(target: ModelTarget, specs: Sequence[InputSpec], context: int, k
                             hint=f"--decode {positions[0] - new}")
     modes = {m: m.training for m in model.modules()}
     try:
-        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others, positions)
+        return _decode(model.eval(), fake_mode, specs, context, dtype, profile, grid, others, positions, variants)
     finally:
         for m, training in modes.items():
             m.training = training
@@ -341,7 +346,8 @@ def _run(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: set, sp
 
 def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[InputSpec], context: int,
             dtype: torch.dtype | None, profile: DeviceProfile | None, grid: bool = False,
-            others: Sequence[DeviceProfile] = (), positions: tuple[int, str] | None = None) -> dict:
+            others: Sequence[DeviceProfile] = (), positions: tuple[int, str] | None = None,
+            variants: dict[str, Callable] | None = None) -> dict:
     tokens = decoder_tokens(specs)
     encoder = [s for s in specs if s is not tokens]
     batch = tokens.shape[0]
@@ -355,6 +361,8 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
     if others:  # the same step on more GPUs
         decode_phase["on"] = {p.name: _predicted(costs, decode_phase["tokens"], p)
                               for p in ([profile] if profile is not None else []) + list(others)}
+    for name, change in (variants or {}).items():
+        decode_phase[name] = _variant(costs, decode_phase["tokens"], change, profile)
     if costs.context_gemms:  # weights multiplied over every cached token, each step (a re-expanded cache)
         decode_phase["context_gemms"] = {"flops": sum(f for f, _, _ in costs.context_gemms),
                                          "ops": len(costs.context_gemms), "rows": costs.rows,
@@ -590,15 +598,30 @@ def _phase(costs: _StepCosts, tokens: int, kv_read: int, context: int, kv_writte
     return phase
 
 
-def _predicted(costs: _StepCosts, tokens: int, profile: DeviceProfile) -> dict:
+def _nodes(costs: _StepCosts, change: Callable | None = None) -> list[NodeReport]:
+    """The phase's ops as nodes, rewritten by ``change`` (``decode_step``'s ``variants``) when given."""
+    nodes = [_as_node(c, dt, *_where(costs, i)) for i, (c, dt) in enumerate(costs.ops)]
+    return change(nodes, costs.kv_by_op) if change is not None else nodes
+
+
+def _predicted(costs: _StepCosts, tokens: int, profile: DeviceProfile, change: Callable | None = None) -> dict:
     """A phase's time on ``profile`` and its tokens/s: on a GPU as written (eager) and as served
     (``_times``), else the roofline's."""
-    times = _times([_as_node(c, dt, *_where(costs, i)) for i, (c, dt) in enumerate(costs.ops)], profile)
+    times = _times(_nodes(costs, change), profile)
     ms = times["predicted_ms"]
     out = {**times, "tokens_per_s": tokens / ms * 1e3 if ms else None}
     if times.get("served_ms"):
         out["served_tokens_per_s"] = tokens / times["served_ms"] * 1e3
     return out
+
+
+def _variant(costs: _StepCosts, tokens: int, change: Callable, profile: DeviceProfile | None) -> dict:
+    """The step's totals as ``change`` rewrites its ops (``decode_step``'s ``variants``), and with a
+    profile its predicted time and tokens/s."""
+    nodes = _nodes(costs, change)
+    out = {"flops": sum(n.flops for n in nodes), "mac_bytes": sum(n.mac_bytes for n in nodes),
+           "weight_bytes": sum(n.weight_bytes for n in nodes)}
+    return {**out, **_predicted(costs, tokens, profile, change)} if profile is not None else out
 
 
 def _times(nodes: Sequence[NodeReport], profile: DeviceProfile) -> dict:

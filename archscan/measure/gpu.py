@@ -156,8 +156,8 @@ def execution_model(profile) -> str:
 
 def peak_macs(gpu: GPU, dtype: str | None, kclass: str) -> float:
     """Dense multiply-adds per second of ``kclass`` in ``dtype`` (see the module docstring): bf16/fp16
-    on tensor cores, fp32 convolutions on TF32 tensor cores (half the bf16 figure), other fp32 work
-    on CUDA cores."""
+    on tensor cores, int8 (a w8a8 quantized GEMM, ``archscan.quant``) on int8 tensor cores at twice
+    that, fp32 convolutions on TF32 tensor cores (half the bf16 figure), other fp32 work on CUDA cores."""
     half = gpu.bf16_tflops * 1e12 / 2
     if kclass == "depthwise_conv_backward":  # cuDNN's depthwise gradients: per-channel kernels on CUDA cores
         return gpu.fp32_tflops * 1e12 / 2
@@ -166,6 +166,8 @@ def peak_macs(gpu: GPU, dtype: str | None, kclass: str) -> float:
         return gpu.fp32_tflops * 1e12 / 2
     if dtype in _HALF:
         return half
+    if dtype == "int8":  # int8 tensor cores: twice the bf16 rate on every datasheet of the table
+        return 2 * half
     if kclass in _CONVS:
         return half / 2
     return gpu.fp32_tflops * 1e12 / 2

@@ -164,7 +164,7 @@ def memory_lines(report: Report) -> list[str]:
         from .parallel import parallel_lines
 
         lines += parallel_lines(report.parallel, _memory_line)
-    return lines + budget_lines(report.memory or {}) + decode_lines(report)
+    return lines + budget_lines(report.memory or {}) + decode_lines(report) + quant_lines(report.quant)
 
 
 def decode_lines(report: Report) -> list[str]:
@@ -210,6 +210,54 @@ def decode_lines(report: Report) -> list[str]:
         lines.append(f"speed      on {speed['profile']}, batch x context{served}: {cells}; --json lists all")
     elif speed:
         lines.append(f"speed      no grid: {speed['why']}")
+    return lines
+
+
+def _before_after(before: dict, after: dict, key: str, unit: str, rate: bool = False) -> str | None:
+    """'8.36 -> 5.39 ms (1.55x)' for one key of the two sides, or None when a side lacks it."""
+    a, b = before.get(key), after.get(key)
+    if not a or not b:
+        return None
+    return f"{_rate(a)} -> {_rate(b)} {unit} ({(b / a if rate else a / b):.2f}x)"
+
+
+def quant_lines(quant: dict | None) -> list[str]:
+    """--quant and --kv: the layers quantized and kept, the bytes, the time before and after."""
+    if not quant:
+        return []
+    lines = []
+    before, after = quant.get("before", {}), quant.get("after", {})
+    if quant.get("scheme"):
+        layers = quant["layers"]
+        kept = [l for l in layers if "kept" in l]
+        lines.append(f"quant      {quant['scheme']} as {quant['device']} stores it ({quant['layout']}): "
+                     f"{quant['quantized']} linear layer(s) quantized at {quant['bits_per_weight']:.2f} bits per weight, "
+                     f"{len(kept)} kept; parameters {fmt_bytes(before['param_bytes'])} -> {fmt_bytes(after['param_bytes'])}, "
+                     f"bytes moved {fmt_bytes(before['mac_bytes'])} -> {fmt_bytes(after['mac_bytes'])}")
+        if kept:
+            reasons: dict[str, list[str]] = {}
+            for l in kept:
+                reasons.setdefault(l["kept"], []).append(l["module"])
+            lines.append("kept       " + "; ".join(f"{', '.join(m[:3])}{f' (+{len(m) - 3})' if len(m) > 3 else ''}: {why}"
+                                                   for why, m in reasons.items()))
+        timed = [t for t in (_before_after(before, after, "served_ms", "ms as served"),
+                             _before_after(before, after, "predicted_ms", "ms" + (" as written" if "served_ms" in before else "")))
+                 if t]
+        if timed:
+            lines.append(f"quant time forward {', '.join(timed)}")
+    step = quant.get("decode")
+    if step:
+        b, a = step["before"], step["after"]
+        rates = [t for t in (_before_after(b, a, "served_tokens_per_s", "tokens/s as served", rate=True),
+                             _before_after(b, a, "tokens_per_s", "tokens/s" + (" as written" if "served_tokens_per_s" in b else ""),
+                                           rate=True)) if t]
+        lines.append(f"quant step decode after {step['context']:,} cached: weights read {fmt_bytes(b['weight_bytes'])} -> "
+                     f"{fmt_bytes(a['weight_bytes'])}, bytes moved {fmt_bytes(b['mac_bytes'])} -> {fmt_bytes(a['mac_bytes'])}"
+                     + (f"; {', '.join(rates)}" if rates else ""))
+    kv = quant.get("kv")
+    if kv:
+        lines.append(f"quant kv   {kv['scheme']}: {fmt_bytes(kv['bytes_per_token'])} -> "
+                     f"{fmt_bytes(kv['bytes_per_token_after'])} per token ({kv['convention']})")
     return lines
 
 
