@@ -30,11 +30,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("analysis", ["archscan.analysis*"]),  # the analysis core ends here: nothing below imports what is above
     ("measure", ["archscan.measure*"]),
     ("llm", ["archscan.llm*"]),  # a decode step with a KV cache, predicted on a profile
-    ("quant", ["archscan.quant*"]),  # a model quantized with torchao: bytes as stored, costs as its kernels run
     ("parallel", ["archscan.parallel*"]),  # a training step over a mesh of ranks: FSDP2, TP, DDP, on fake tensors
     ("transform", ["archscan.transform*"]),
     ("prune", ["archscan.prune*"]),
     ("distill", ["archscan.distill*"]),
+    ("quant", ["archscan.quant*"]),  # a model quantized with torchao: bytes as stored, costs as its kernels run
     ("recommend", ["archscan.recommend*"]),
     ("compare", ["archscan.compare*"]),  # rows of several models; its caller hands it the analysis to run
     ("orchestrator", ["archscan.api"]),
