@@ -22,6 +22,11 @@ from .schemes import Scheme, cannot_use, config, gpu_int4_bytes, layout_of, torc
 _WEIGHT_CATEGORIES = ("linear", "matmul", "conv", "grouped_conv", "depthwise_conv", "embedding")
 
 
+# layers no config takes: the section refuses a model with nothing else
+_NOT_TAKEN = ("torchao leaves nn.MultiheadAttention's output projection (its forward reads the weight itself)",
+              "not run by the forward")
+
+
 @dataclass(frozen=True)
 class Layer:
     """One layer a torchao config could take (an ``nn.Linear``), quantized or kept, and why."""
@@ -55,13 +60,16 @@ def _forward_order(report: Report) -> list[str]:
     return list(seen)
 
 
-def _kernel_ms(nodes: Sequence[NodeReport], gpu: GPU | None, profile) -> float | None:
-    """The nodes' kernel time: the GPU model's served kernels on ``gpu``, else the profile's roofline."""
+def _compute_bound(nodes: Sequence[NodeReport], gpu: GPU | None, profile) -> bool | None:
+    """Whether the nodes' kernels are bound by their multiply-adds (the GPU model's kernels on
+    ``gpu``, else the profile's roofline); None without a time model."""
     if gpu is not None:
-        return sum(kernel_us(w, gpu)[0] for n in nodes for w in node_work(n)) / 1e3
-    if profile is not None:
-        return sum(predict_node(n, profile)[0] for n in nodes)
-    return None
+        priced = [kernel_us(w, gpu) for n in nodes for w in node_work(n)]
+    elif profile is not None:
+        priced = [predict_node(n, profile) for n in nodes]
+    else:
+        return None
+    return bool(priced) and max(priced)[1] == "compute"
 
 
 def _matches(path: str, patterns: Sequence[str]) -> bool:
@@ -84,9 +92,15 @@ def plan_layers(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | 
     for n in report.nodes:
         nodes_of.setdefault(n.module, []).append(n)
     reasons: dict[str, str | None] = {}
+    unmatched = [p for p in keep if not any(_matches(path, [p]) for path in linears)]
+    if unmatched:
+        raise ArchscanError(f"--keep {unmatched[0]} matches no linear layer of {report.model}",
+                            hint="give a module path (e.g. " + (next(iter(linears), "layers.0.mlp")) + "), a prefix or a regular expression")
     for path, m in linears.items():
-        if path not in used:
-            reasons[path] = "not run by the forward"
+        if isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear):
+            reasons[path] = _NOT_TAKEN[0]
+        elif path not in used:
+            reasons[path] = _NOT_TAKEN[1]
         elif _matches(path, keep):
             reasons[path] = "kept by --keep"
         else:
@@ -104,9 +118,7 @@ def plan_layers(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | 
         why = reasons[path]
         if why is None and scheme.weight_only and (gpu is not None or profile is not None):
             mine = [n for n in nodes_of.get(path, []) if n.weight_bytes]
-            was = _kernel_ms(mine, gpu, profile)
-            now = _kernel_ms(rewrite(mine, {path: (before, sum(parts.values()))}, scheme), gpu, profile)
-            if was is not None and now >= was * 0.98:
+            if _compute_bound(mine, gpu, profile):
                 rows = max((math.prod(n.out_shape[:-1]) if n.out_shape else 0) for n in mine) if mine else 0
                 where = gpu.name if gpu is not None else "this device"
                 why = f"compute-bound at {rows:,} rows on {where}: weight-only quantization saves no time"
@@ -249,11 +261,10 @@ def quant_section(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU 
     totals and predicted time before and after."""
     layers = plan_layers(model, report, scheme, gpu=gpu, profile=profile, keep=keep) if layers is None else layers
     chosen = {l.module: (l.weight_bytes, l.stored_bytes) for l in layers if l.kept is None}
-    if not chosen:
+    if not any(l.kept is None or not l.kept.startswith(_NOT_TAKEN) for l in layers):
         raise ArchscanError(f"{report.model} has nothing to quantize as {scheme.label}: "
                             + ("it has no nn.Linear layer (torchao's configs quantize nn.Linear only)" if not layers
-                               else "every nn.Linear stays: " + "; ".join(f"{l.module}: {l.kept}" for l in layers[:3])),
-                            hint="drop --quant, or --keep fewer layers" if layers else "drop --quant")
+                               else "no nn.Linear torchao takes runs in its forward"), hint="drop --quant")
     after_nodes = rewrite(report.nodes, chosen, scheme)
     saved = sum(w - s for w, s in chosen.values())
     before = _totals(report.nodes, report.totals.param_bytes, gpu, profile)
@@ -261,6 +272,7 @@ def quant_section(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU 
     stored_params = sum(l.stored_bytes for l in layers if l.kept is None)
     elements = sum(l.in_features * l.out_features for l in layers if l.kept is None)
     section = {"scheme": scheme.label, "layout": layout_of(scheme, gpu is not None),
+               "not_linear": not_linear(model),
                "device": gpu.name if gpu is not None else "cpu",
                "quantized": len(chosen), "kept": sum(1 for l in layers if l.kept is not None),
                "bits_per_weight": 8 * stored_params / elements if elements else None,
@@ -270,6 +282,21 @@ def quant_section(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU 
         if "served_ms" in before and after.get("served_ms"):
             section["served_speedup"] = before["served_ms"] / after["served_ms"]
     return section
+
+
+def not_linear(model: nn.Module) -> dict:
+    """The weights no torchao config here quantizes (torchao's configs take ``nn.Linear`` only):
+    module type -> {modules, bytes}, largest first (embeddings, convolutions, norms...)."""
+    out: dict[str, dict] = {}
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            continue
+        own = [t for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]]
+        if own:
+            row = out.setdefault(type(m).__name__, {"modules": 0, "bytes": 0})
+            row["modules"] += 1
+            row["bytes"] += sum(t.numel() * t.element_size() for t in own)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
 
 
 def decode_variant(layers: Sequence[Layer] | dict, scheme: Scheme | None, kv_ratio: float = 1.0) -> Callable:

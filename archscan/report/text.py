@@ -164,7 +164,7 @@ def memory_lines(report: Report) -> list[str]:
         from .parallel import parallel_lines
 
         lines += parallel_lines(report.parallel, _memory_line)
-    return lines + budget_lines(report.memory or {}) + decode_lines(report) + quant_lines(report.quant)
+    return lines + budget_lines(report.memory or {}) + decode_lines(report)
 
 
 def decode_lines(report: Report) -> list[str]:
@@ -231,9 +231,15 @@ def quant_lines(quant: dict | None) -> list[str]:
         layers = quant["layers"]
         kept = [l for l in layers if "kept" in l]
         lines.append(f"quant      {quant['scheme']} as {quant['device']} stores it ({quant['layout']}): "
-                     f"{quant['quantized']} linear layer(s) quantized at {quant['bits_per_weight']:.2f} bits per weight, "
+                     f"{quant['quantized']} linear layer(s) quantized"
+                     + (f" at {quant['bits_per_weight']:.2f} bits per weight" if quant["bits_per_weight"] else "") + ", "
                      f"{len(kept)} kept; parameters {fmt_bytes(before['param_bytes'])} -> {fmt_bytes(after['param_bytes'])}, "
                      f"bytes moved {fmt_bytes(before['mac_bytes'])} -> {fmt_bytes(after['mac_bytes'])}")
+        others = quant.get("not_linear") or {}
+        if others:
+            lines.append("not linear " + ", ".join(f"{name} {fmt_bytes(row['bytes'])}" for name, row in list(others.items())[:4])
+                         + (f" (+{len(others) - 4} types)" if len(others) > 4 else "")
+                         + " stay as they are: torchao's configs quantize nn.Linear only")
         if kept:
             reasons: dict[str, list[str]] = {}
             for l in kept:
@@ -437,7 +443,8 @@ def render_text(report: Report, depth: int = 2, per_node: bool = False, findings
                 width: int = DEFAULT_WIDTH) -> str:
     """The full terminal report, every line fitted to ``width`` columns (``terminal_width()`` in the CLI)."""
     table = node_table(report, width=width) if per_node else module_table(report, depth, width=width)
-    parts = [table, "", *_hang(totals_lines(report) + memory_lines(report) + latency_lines(report), width)]
+    parts = [table, "", *_hang(totals_lines(report) + memory_lines(report) + latency_lines(report)
+                               + quant_lines(report.quant), width)]
     if findings:
         parts += ["", findings_table(report, width=width)]
     if findings and report.recommendations:
