@@ -216,3 +216,35 @@ def test_without_torchao_one_line_says_what_to_install(monkeypatch, capsys):
     assert main(["zoo:llama_tiny", "--input", "1,8:int64", "--quant", "int8"]) == 2
     err = capsys.readouterr().err
     assert "quantization needs torchao" in err and "archscan[quant]" in err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_layout_from_shapes_equals_torchaos(dtype):
+    """The recommendation counts int8 from the layout's shapes (no torchao needed): the same bytes."""
+    from archscan.quant import inner_bytes
+    from archscan.quant.schemes import int8_bytes
+
+    for n, k in ((32, 64), (100, 24), (4096, 11008)):
+        with torch.device("meta"):
+            layer = nn.Linear(k, n, dtype=dtype)
+        quantize_(layer, config(parse_scheme("int8")))
+        assert inner_bytes(layer.weight) == int8_bytes(n, k)
+
+
+def test_quantize_is_recommended_where_weights_bound_the_time():
+    h100 = archscan.measure.datasheet_profile("h100")
+    wide = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(6)])
+    r = archscan.scan(wide, [(1, 2048)], dtype="bf16", profile=h100)
+    rec = next(r for r in r.recommendations if r.kind == "quantize")
+    q = archscan.scan(wide, [(1, 2048)], dtype="bf16", profile=h100, quant="int8", rules=[], recommend=False).quant
+    # the saving is what --quant int8 counts
+    assert rec.estimated_saving["mac_bytes"] == q["before"]["mac_bytes"] - q["after"]["mac_bytes"]
+    assert rec.estimated_saving["ms"] == pytest.approx(q["before"]["served_ms"] - q["after"]["served_ms"])
+    assert rec.apply == "archscan.quantize(model, inputs, scheme='int8', path='model-int8.pt2')"
+    assert set(rec.target) == {l["module"] for l in q["layers"] if "kept" not in l}
+    # ranked after the changes that keep what the model computes
+    kinds = [x.kind for x in r.recommendations]
+    assert all(kinds.index(k) < kinds.index("quantize") for k in ("compile", "fuse") if k in kinds)
+    # at 4,096 rows the same layers are bound by their multiply-adds: nothing to recommend
+    r = archscan.scan(wide, [(4096, 2048)], dtype="bf16", profile=h100)
+    assert not [x for x in r.recommendations if x.kind == "quantize"]

@@ -17,7 +17,7 @@ from ..errors import ArchscanError
 from ..measure.gpu import kernel_us, node_work, simulate
 from ..measure.predict import predict_node
 from ..results import NodeReport, Report
-from .schemes import Scheme, cannot_use, config, gpu_int4_bytes, layout_of, torchao, _quiet_import
+from .schemes import Scheme, cannot_use, config, gpu_int4_bytes, int8_bytes, layout_of, torchao, _quiet_import
 
 _WEIGHT_CATEGORIES = ("linear", "matmul", "conv", "grouped_conv", "depthwise_conv", "embedding")
 
@@ -77,12 +77,13 @@ def _matches(path: str, patterns: Sequence[str]) -> bool:
 
 
 def plan_layers(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | None = None, profile=None,
-                keep: Sequence[str] = ()) -> list[Layer]:
+                keep: Sequence[str] = (), formula: bool = False) -> list[Layer]:
     """Every ``nn.Linear`` of ``model`` (on the meta device) with the scheme's bytes or the reason it
     stays: a ``keep`` pattern (a module path, its prefix, or a regular expression), the first or
     last weight layer of the forward (their error is not averaged over later layers), channel counts
     the scheme's kernel cannot take, or, weight-only on a device with a time model, a layer that is
-    compute-bound at the scan's rows (weight-only saves bytes, not multiply-adds: no time)."""
+    compute-bound at the scan's rows (weight-only saves bytes, not multiply-adds: no time).
+    ``formula``: int8's bytes from its layout's shapes (``schemes.int8_bytes``), without torchao."""
     linears = {path: m for path, m in model.named_modules() if isinstance(m, nn.Linear)}
     order = _forward_order(report)
     used = [p for p in order if p in linears]
@@ -109,7 +110,7 @@ def plan_layers(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | 
         for path, why in ends.items():
             if path in reasons and reasons[path] is None:
                 reasons[path] = why
-    stored = _stored(model, [p for p, r in reasons.items() if r is None], scheme, gpu is not None)
+    stored = _stored(model, [p for p, r in reasons.items() if r is None], scheme, gpu is not None, formula)
     layers = []
     for path, m in linears.items():
         w = m.weight
@@ -129,13 +130,16 @@ def plan_layers(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | 
     return layers
 
 
-def _stored(model: nn.Module, paths: Sequence[str], scheme: Scheme, gpu: bool) -> dict[str, dict]:
+def _stored(model: nn.Module, paths: Sequence[str], scheme: Scheme, gpu: bool, formula: bool = False) -> dict[str, dict]:
     """Layer path -> {inner tensor: bytes} of the weights ``scheme`` stores on the device: torchao's
     own quantized tensors, made on the meta device and read from their inner storages; the GPU's
-    int4 layout (whose kernel package a CPU machine lacks) from its shapes."""
+    int4 layout (whose kernel package a CPU machine lacks) from its shapes, and int8's too with
+    ``formula``."""
     if not paths:
         return {}
     modules = dict(model.named_modules())
+    if formula and scheme.name == "int8":
+        return {p: int8_bytes(*modules[p].weight.shape) for p in paths}
     if scheme.name == "int4" and gpu:
         out = {}
         for p in paths:

@@ -158,6 +158,13 @@ def cannot_use(scheme: Scheme, in_features: int, out_features: int, gpu: bool) -
     return None
 
 
+def int8_bytes(out_features: int, in_features: int) -> dict:
+    """The bytes of ``Int8Tensor`` (int8 and w8a8, on the CPU and a GPU) for an [out, in] weight, from
+    its shapes: ``qdata`` [out, in] int8, a float32 ``scale`` and an int8 ``zero_point`` per row,
+    whatever the model's dtype (``tests/test_quant.py`` checks it against torchao's own)."""
+    return {"qdata": out_features * in_features, "scale": 4 * out_features, "zero_point": out_features}
+
+
 def gpu_int4_bytes(out_features: int, in_features: int, group: int, scale_bytes: int) -> dict:
     """The bytes of ``Int4Tensor`` (torchao's CUDA int4 layout) for an [out, in] weight, from its
     shapes: ``qdata`` [out, in/2] uint8 (two weights a byte), ``scale`` and ``zero_point``
@@ -168,4 +175,4 @@ def gpu_int4_bytes(out_features: int, in_features: int, group: int, scale_bytes:
 
 
 __all__ = ["GROUPS", "INSTALL", "KV_SCHEMES", "SCHEMES", "Scheme", "cannot_use", "config", "gpu_int4_bytes",
-           "layout_of", "parse_kv", "parse_scheme", "torchao"]
+           "int8_bytes", "layout_of", "parse_kv", "parse_scheme", "torchao"]

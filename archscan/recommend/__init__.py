@@ -26,14 +26,16 @@ Savings (``estimated_saving``): ``mac_bytes`` moved, ``flops`` (multiply-adds), 
   times its per-call overhead;
 - ``mac``: no time; bytes moved only.
 
-Ranking, in three tiers, each by the time saved where there is one (measured or predicted),
+Ranking, in four tiers, each by the time saved where there is one (measured or predicted),
 then the bytes saved:
 
 1. changes that keep what the model computes, applicable here (fuse, SDPA, compile,
    channels_last, low precision, the hygiene fixes, the memory plans);
-2. changes that need the model trained again (``RETRAINING``: prune, distill, channel alignment),
+2. changes after which the model computes nearly the same, within a drift to check (``APPROXIMATE``:
+   int8 weight-only quantization, ``quantize.py``);
+3. changes that need the model trained again (``RETRAINING``: prune, distill, channel alignment),
    however much they save;
-3. changes the scan knows cannot be applied as printed here: the model's torch.export failed in
+4. changes the scan knows cannot be applied as printed here: the model's torch.export failed in
    this scan (the capture notes say so) and ``archscan fuse``, ``prune`` and ``distill`` work on
    the exported graph. ``fuse`` (and its attention rewrite) stays, its reason saying why and its
    ``apply`` the change by hand; ``prune`` and ``distill``, whose programs cannot be written
@@ -56,6 +58,7 @@ from ..rules.context import RuleContext, dtype_size
 from ..rules.hygiene import conv_bn_pairs, elementwise_links
 from .attention import attention_patterns
 from .memory import memory_recommendations
+from .quantize import quantize_recommendations
 
 Recommender = Callable[["Context"], list[Recommendation]]
 
@@ -494,6 +497,7 @@ RECOMMENDERS: dict[str, Recommender] = {
     "channels-last": _channels_last,
     "prune": _prune,
     "distill": _distill,
+    "quantize": quantize_recommendations,  # int8 weight-only where reading weights bounds the time
     "host-sync": _from_finding("host-sync", "host-sync", "fix"),
     "host-tensor": _from_finding("host-tensor", "buffer", "fix"),
     "remove-unused": _from_finding("unused-module", "remove-unused", "fix"),
@@ -525,6 +529,8 @@ def _merged(recs: list[Recommendation]) -> list[Recommendation]:
 # Changes after which the model computes something else, to be trained (or fine-tuned) again: ranked
 # after every change that keeps what it computes, however much they save.
 RETRAINING = frozenset({"prune", "distill", "align"})
+# Changes after which the model computes nearly the same, within a drift to check: ranked between the two.
+APPROXIMATE = frozenset({"quantize"})
 # Changes whose command works on torch.export's graph of the model.
 NEEDS_EXPORT = frozenset({"fuse", "sdpa", "prune", "distill"})
 
@@ -564,7 +570,8 @@ def _rank_key(r: Recommendation, ctx: Context) -> tuple:
     ms = r.estimated_saving.get("ms")
     bytes_saved = r.estimated_saving.get("mac_bytes", 0) + max(r.estimated_saving.get("peak_bytes", 0), 0)
     blocked = ctx.export_failed is not None and r.kind in NEEDS_EXPORT
-    return (blocked, r.kind in RETRAINING, ms is None, -(ms or 0.0), -bytes_saved, -r.estimated_saving.get("kernels", 0))
+    tier = 2 if r.kind in RETRAINING else 1 if r.kind in APPROXIMATE else 0
+    return (blocked, tier, ms is None, -(ms or 0.0), -bytes_saved, -r.estimated_saving.get("kernels", 0))
 
 
 def recommend(report: Report, profile=None, command: str | None = None, rules: RuleContext | None = None,
@@ -615,5 +622,5 @@ def _literal(value) -> str:
     return str(value) if type(value).__name__ == "BareWord" else repr(value)
 
 
-__all__ = ["NEEDS_EXPORT", "RECOMMENDERS", "RETRAINING", "Recommendation", "command_of", "export_failure",
+__all__ = ["APPROXIMATE", "NEEDS_EXPORT", "RECOMMENDERS", "RETRAINING", "Recommendation", "command_of", "export_failure",
            "foldable_pairs", "recommend"]
