@@ -437,7 +437,7 @@ def _quant_decode(report: Report, quantize: dict, dtype) -> dict:
         per_token = report.kv_cache["bytes_per_token"]
         section["kv"] = {"scheme": quantize["kv"], "bytes_per_token": per_token,
                          "bytes_per_token_after": round(per_token * quantize["kv_ratio"]),
-                         "convention": "one byte an element, one scale per tensor (negligible)"}
+                         "convention": "one byte an element; a scale per tensor, negligible"}
     return section
 
 

@@ -32,6 +32,9 @@ def dtype_key(text: str, is_torch_dtype: Callable[[str], bool] = lambda key: Fal
     if key in INPUT_DTYPES:
         return key
     what = "not supported for inputs" if is_torch_dtype(key) else "unknown"
+    if key in ("qint8", "quint8", "qint32", "quint4x2", "int4", "fp8") or key.startswith("float8"):
+        raise ArchscanError(f"dtype {text!r} is {what}: quantization is a scheme applied to a model's layers",
+                            hint="analyse the model quantized with --quant int8, w8a8, fp8 or int4 (archscan[quant])")
     raise ArchscanError(f"dtype {text!r} is {what}", hint=_DTYPE_HINT)
 
 
