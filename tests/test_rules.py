@@ -150,7 +150,8 @@ def test_no_grad():
 
 
 def test_every_rule_has_a_test():
-    tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "host-sync", "host-tensor", "unused-module", "inplace",
+    tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "reparameterize",  # reparameterize: tests/test_reparam.py
+              "host-sync", "host-tensor", "unused-module", "inplace",
               "low-precision", "channel-align", "channels-last", "no-grad", "batch-size", "input-transfer",
               "decode-context"}
     assert set(RULES) == tested

@@ -463,6 +463,42 @@ def _distill(ctx: Context) -> list[Recommendation]:
     return distill_recommendations(ctx, ctx.target, ctx.specs, ctx.kwargs, ctx.dtype)
 
 
+def _reparameterize(ctx: Context) -> list[Recommendation]:
+    """Multi-branch blocks folded into one convolution each (the ``reparameterize`` finding): the
+    call the model's own code offers (timm's ``reparameterize_model``, a block's
+    ``reparameterize()`` or ``switch_to_deploy()``), else the fold by hand."""
+    found = [f for f in ctx.report.findings if f.rule == "reparameterize"]
+    if not found:
+        return []
+    f = found[0]
+    from ..rules.reparam import branch_sums
+
+    sums = branch_sums(ctx.rules)
+    removed = [n for s in sums for n in s.nodes if n is not s.deployed]
+    saving = {"mac_bytes": int(f.saving["mac_bytes"]), "flops": int(f.saving["flops"]), "params": 0,
+              "kernels": int(f.saving["kernels"])}
+    basis = "mac"
+    if ctx.profile is not None and all(n.predicted_ms is not None for n in ctx.report.nodes):
+        built = sum(n.predicted_ms for s in sums for n in s.nodes)
+        deployed = sum(s.deployed.predicted_ms for s in sums)
+        saving, basis = {"ms": max(0.0, built - deployed), **saving}, "predicted"
+    elif (ms := ctx.measured(removed)) is not None:
+        saving, basis = {"ms": ms, **saving}, "measured"
+    methods = {name for m in (ctx.model.modules() if ctx.model is not None else ())
+               for name in ("reparameterize", "switch_to_deploy") if callable(getattr(m, name, None))}
+    timm = ctx.model is not None and type(ctx.model).__module__.startswith("timm.")
+    if timm:
+        apply = "model = timm.utils.reparameterize_model(model)"
+    elif methods:
+        method = sorted(methods)[0]
+        apply = f"[m.{method}() for m in model.modules() if hasattr(m, {method!r})]"
+    else:
+        apply = f.fix
+    return [Recommendation(
+        kind="reparameterize", target=tuple(dict.fromkeys(s.module for s in sums)), reason=f.message,
+        estimated_saving=saving, basis=basis, apply=apply, findings=({"rule": f.rule, "module": f.module},))]
+
+
 def _from_finding(rule: str, kind: str, apply: str, ms_key: str | None = None) -> Recommender:
     """A recommendation per finding of ``rule``, saving what the finding says it saves."""
 
@@ -498,6 +534,7 @@ RECOMMENDERS: dict[str, Recommender] = {
     "prune": _prune,
     "distill": _distill,
     "quantize": quantize_recommendations,  # int8 weight-only where reading weights bounds the time
+    "reparameterize": _reparameterize,
     "host-sync": _from_finding("host-sync", "host-sync", "fix"),
     "host-tensor": _from_finding("host-tensor", "buffer", "fix"),
     "remove-unused": _from_finding("unused-module", "remove-unused", "fix"),

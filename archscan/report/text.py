@@ -110,6 +110,11 @@ def totals_lines(report: Report) -> list[str]:
         f"elem ops   {fmt_count(t.elem_ops)} (element-wise, norm, activation, pooling; not in FLOPs)",
         f"intensity  {t.intensity:.1f} FLOPs/byte",
     ]
+    deployed = next((f.evidence for f in report.findings if f.rule == "reparameterize"), None)
+    if deployed:  # train-time multi-branch blocks: the model as inference runs it
+        lines.insert(3, f"deployed   {fmt_count(deployed['as_deployed_flops'])} multiply-adds, "
+                        f"{fmt_bytes(deployed['as_deployed_mac_bytes'])} moved once its {deployed['count']} multi-branch "
+                        "block(s) are reparameterized into one convolution each (the reparameterize finding)")
     for note in report.capture_notes:
         lines.append(f"note       {note}")
     if report.uncounted:

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from ..errors import ArchscanError
 from ..results import Finding, Report
-from . import guidelines, hygiene
+from . import guidelines, hygiene, reparam
 from .context import RuleContext
 
 Check = Callable[[RuleContext], list[Finding]]
@@ -22,6 +22,7 @@ RULES: dict[str, Check] = {
     "G3": guidelines.check_g3,
     "G4": guidelines.check_g4,
     "fuse-conv-bn": hygiene.check_fuse_conv_bn,
+    "reparameterize": reparam.check_reparameterize,
     "host-sync": hygiene.check_host_sync,
     "host-tensor": hygiene.check_host_tensor,
     "unused-module": hygiene.check_unused_module,
