@@ -6,6 +6,7 @@ transformers' own models are checked where the package is installed.
 The FLOP oracle is ``torch.utils.flop_counter.FlopCounterMode`` on a real run (2 per
 multiply-add; attention on the math backend, for which torch has formulas)."""
 
+import os
 import sys
 import textwrap
 
@@ -15,6 +16,8 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import archscan
+
+HF_DECODERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "hf_decoders.py")
 
 
 def _torch_multiply_adds(model: nn.Module, *inputs, **kwargs) -> int:
@@ -189,3 +192,28 @@ def test_transformers_sliding_window_cache_is_not_a_host_tensor():
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128, sliding_window=8)
     report = archscan.scan(transformers.MistralForCausalLM(config), ["1,16:int64"], recommend=False)
     assert not [f for f in report.findings if f.rule in ("host-tensor", "host-sync")]
+
+
+def test_a_hybrid_state_space_model_gets_a_speed_grid():
+    """Bamba pads its sequence to chunks of its scan: polynomial only on multiples of the chunk. The
+    fit moves to such multiples, and a grid point run on its own predicts the same to the last bit.
+    Qwen3-Next's prefill loops over chunks in Python (more ops the longer the context): no grid, and why."""
+    pytest.importorskip("transformers")
+    from archscan.llm.decode import decode_step
+    from archscan.load.targets import parse_input_spec, resolve_target
+    from archscan.measure import datasheet_profile
+
+    h100 = datasheet_profile("h100")
+    bamba = resolve_target(f"{HF_DECODERS}:tiny_bamba")
+    speed = decode_step(bamba, [parse_input_spec("1,1:int64")], 64, profile=h100, grid=True)["kv_cache"]["speed"]
+    assert "why" not in speed and speed["fitted_contexts"][0] > 16
+    assert [(c["batch"], c["context"]) for c in speed["cells"]] == [(b, 2048) for b in (1, 8, 32, 128)]
+    for batch in (1, 8):
+        alone = decode_step(bamba, [parse_input_spec(f"{batch},1:int64")], 2048, profile=h100)["phases"]
+        (cell,) = [c for c in speed["cells"] if c["batch"] == batch]
+        assert (cell["decode_ms"], cell["ttft_ms"]) == (alone["decode"]["predicted_ms"], alone["prefill"]["predicted_ms"])
+        assert (cell["served_decode_ms"], cell["served_ttft_ms"]) == (alone["decode"]["served_ms"],
+                                                                       alone["prefill"]["served_ms"])
+    qwen = resolve_target(f"{HF_DECODERS}:tiny_qwen3_next")
+    speed = decode_step(qwen, [parse_input_spec("1,1:int64")], 64, profile=h100, grid=True)["kv_cache"]["speed"]
+    assert speed["cells"] == [] and "more ops the longer the context" in speed["why"]

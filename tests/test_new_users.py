@@ -520,9 +520,19 @@ def test_speed_grid_is_exact_where_it_was_not_fitted():
         # as served (the GPU model's kernels alone), and the causal prefill's executed pairs, exact too
         assert (cell["served_decode_ms"], cell["served_ttft_ms"]) == (alone["decode"]["served_ms"],
                                                                        alone["prefill"]["served_ms"])
-    windowed = decode_step(resolve_target(f"{MODELS}:LatentCacheDecoder"), [parse_input_spec("1,1:int64")], 100,
-                           {"window": 24}, profile=h100, grid=True)["kv_cache"]["speed"]
-    assert windowed["cells"] == [] and "not polynomial" in windowed["why"]
+    # a cache that stops growing at its window (24) is not polynomial across it, but it is beyond it:
+    # the fit moves to contexts past the window, and the grid's points are there
+    target = resolve_target(f"{MODELS}:LatentCacheDecoder")
+    windowed = decode_step(target, [parse_input_spec("1,1:int64")], 100, {"window": 24}, profile=h100,
+                           grid=True)["kv_cache"]["speed"]
+    assert windowed["fitted_contexts"][0] > 24
+    alone = decode_step(target, [parse_input_spec("8,1:int64")], 8192, {"window": 24}, profile=h100)["phases"]
+    (cell,) = [c for c in windowed["cells"] if (c["batch"], c["context"]) == (8, 8192)]
+    assert (cell["decode_ms"], cell["ttft_ms"]) == (alone["decode"]["predicted_ms"], alone["prefill"]["predicted_ms"])
+    # a window wider than the largest fitted contexts' (3 x 1,024) reach: no grid, and why
+    wide = decode_step(target, [parse_input_spec("1,1:int64")], 100, {"window": 8000}, profile=h100,
+                       grid=True)["kv_cache"]["speed"]
+    assert wide["cells"] == [] and "not polynomial" in wide["why"]
 
 
 def test_compare_attention_variants_by_their_decode_step(capsys):

@@ -385,12 +385,17 @@ def _decode(model: torch.nn.Module, fake_mode: FakeTensorMode, specs: Sequence[I
 # (a + b·B + c·L + d·B·L: weights once, activations per sequence, the cache per token) and, in the
 # prefill, quadratic in L (attention's L² pairs, masks). Batch 1 may take another path than larger
 # batches (a squeeze that copies, a kernel for one sequence), so it is its own family: runs at B = 1
-# and at B in {2, 3}, each at three small contexts, determine the coefficients exactly. Each family is
-# checked op by op against a run it was not fitted on (the user's own (B, L), and one more), and the
+# and at B in {2, 3}, each at three small contexts (``_SPACINGS``), determine the coefficients exactly. Each family is
+# checked op by op against runs it was not fitted on (the user's own (B, L), one more, the grid's longest), and the
 # grid is evaluated only when every op agrees. Expert weights (mixtures of experts) are not
 # polynomial in the tokens: their bytes are taken out before the fit and put back per point.
 
 _FIT_CONTEXTS = (16, 32, 48)
+# A model that pads its sequence to chunks (a state-space model's chunked scan: Bamba's 256, a gated
+# delta rule's 64 in Qwen3-Next) is polynomial only on multiples of its chunk: the fit moves to
+# multiples of these spacings, in turn, until it agrees with the runs it was not fitted on, the
+# grid's longest context among them (a sliding window wider than the fitted contexts shows there).
+_SPACINGS = (16, 64, 256, 1024)
 _FIELDS = ("flops", "elem_ops", "read_bytes", "write_bytes", "weight_bytes")
 
 
@@ -513,22 +518,48 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
             rows[b, c] = (_op_rows(run(b, c).prefill), _op_rows(run(b, c).step))
         return rows[b, c]
 
+    fit = _FIT_CONTEXTS
+
     def at(b: int, c: int) -> tuple[list | None, list | None]:
-        points = [(f, x) for f in _family(b) for x in _FIT_CONTEXTS]
-        step_points = [p for p in points if p[1] in _FIT_CONTEXTS[:2]]
+        points = [(f, x) for f in _family(b) for x in fit]
+        step_points = [p for p in points if p[1] in fit[:2]]
         prefill = _evaluate([rows_of(*p)[0] for p in points], _weights(points, (b, c), True), b * c)
         step = _evaluate([rows_of(*p)[1] for p in step_points], _weights(step_points, (b, c), False), b * new)
         return prefill, step
 
-    other = (4, 64) if batch == 1 else (1, 64)
-    for b, c, against in ((batch, context, checked), (*other, None)):
+    def agrees(b: int, c: int, against: _Run | None) -> bool:
         against = against or run(b, c)
         prefill, step = at(b, c)
-        if prefill is None or step is None or not _same(prefill, against.prefill) or not _same(step, against.step):
-            return {"cells": [], "why": (f"the ops of the prefill or the step are not polynomial in batch and "
-                                         f"context (checked at {b} x {c:,}): a sliding window, a cache that "
-                                         "changes layout, or a path that depends on the length")}
+        return prefill is not None and step is not None and _same(prefill, against.prefill) and _same(step, against.step)
+
+    reach = [cell["context"] for cell in cells if limit is None or cell["context"] + new <= limit[0]]
+    far = max(reach) if reach else None  # the grid's longest context: checked too, so no window hides past the fit
+    failed, passed = (batch, context), False
+    for spacing in _SPACINGS:  # the contexts fitted: multiples of a chunk the model may pad its sequence to
+        if spacing > _SPACINGS[0] and limit is not None and 4 * spacing + new > limit[0]:
+            break
+        fit = tuple(spacing * i for i in (1, 2, 3))
+        other = (4 if batch == 1 else 1, 4 * spacing)
+        on_lattice = spacing == _SPACINGS[0] or context % spacing == 0
+        mine = (batch, context, checked) if on_lattice else (batch, 4 * spacing, None)
+        failed = next(((b, c) for b, c, against in (mine, (*other, None)) if not agrees(b, c, against)), None)
+        if failed is None and far is not None and far > other[1] and not agrees(other[0], far, None):
+            failed = (other[0], far)  # a window wider than the fitted contexts: the far end tells
+        if failed is None:
+            passed = True
+            break
+    if not passed:
+        b, c = failed
+        counts = {len(rows_of(f, x)[0]) for f in _family(b) for x in fit}
+        why = ("the prefill runs more ops the longer the context (a Python loop over chunks of the sequence, "
+               "as Qwen3-Next's gated delta rule is written)" if len(counts) > 1 else
+               "a sliding window, a cache that changes layout, or a path that depends on the length")
+        return {"cells": [], "why": (f"the ops of the prefill or the step are not polynomial in batch and "
+                                     f"context (checked at {b} x {c:,}, fitted on multiples of up to "
+                                     f"{fit[0]:,} tokens): {why}")}
     out = []
+    if any(cell["context"] % fit[0] for cell in cells):
+        return {"cells": [], "why": f"the grid's contexts are not multiples of the {fit[0]:,} tokens fitted"}
     for cell in cells:
         if limit is not None and cell["context"] + new > limit[0]:
             continue  # past the model's positions: it cannot run there
@@ -544,7 +575,8 @@ def speed_grid(model: torch.nn.Module, fake_mode: FakeTensorMode, weight_keys: s
                        served_tokens_per_s=cell["batch"] * new / each["served_ms"] * 1e3 if each["served_ms"] else None)
         out.append(row)
     return {"cells": out, "profile": profile.name, "execution_model": execution_model(profile),
-            "checked_at": [[batch, context], list(other)],
+            "checked_at": [list(mine[:2]), list(other)] + ([[other[0], far]] if far is not None and far > other[1] else []),
+            "fitted_contexts": list(fit),
             "runs": len(runs), **({"positions": limit[0]} if limit else {})}
 
 

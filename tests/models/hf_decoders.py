@@ -11,3 +11,30 @@ def tiny_llama():
                                       num_key_value_heads=2, vocab_size=1000, max_position_embeddings=256)
     config._attn_implementation = "sdpa"
     return transformers.LlamaForCausalLM(config)
+
+
+def tiny_bamba():
+    """A 4-layer BambaForCausalLM (IBM's hybrid): Mamba-2 mixers with a chunked scan (chunks of 16
+    tokens) and grouped-query attention in layers 1 and 3."""
+    import transformers
+
+    config = transformers.BambaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096,
+                                      attn_layer_indices=[1, 3], mamba_n_heads=8, mamba_d_head=32, mamba_d_state=16,
+                                      mamba_n_groups=1, mamba_expand=2, mamba_chunk_size=16)
+    return transformers.BambaForCausalLM(config)
+
+
+def tiny_qwen3_next():
+    """A 4-layer Qwen3NextForCausalLM: gated delta-rule linear attention (its prefill loops over chunks
+    of 64 tokens in Python) every other layer, full attention between, routed experts."""
+    import transformers
+
+    config = transformers.Qwen3NextConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                          max_position_embeddings=4096, head_dim=32, linear_num_value_heads=4,
+                                          linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                          shared_expert_intermediate_size=64, full_attention_interval=2,
+                                          decoder_sparse_step=1)
+    return transformers.Qwen3NextForCausalLM(config)
