@@ -495,3 +495,50 @@ def test_an_lstm_backward_is_split_between_its_gradients():
     assert [w["modules"] for w in why] == [["pre"]] and why[0]["flops"] == -4 * 16 * 32 * 32
     lstm = step["modules"]["lstm"]
     assert lstm["input_grad"] == lstm["weight_grad"] > 0
+
+
+class UpHead(nn.Module):
+    """A UNet's last stage: a 2×2, stride-2 transposed convolution, and a 1×1 convolution to a few
+    channels whose output is the model's (the loss's gradient reaches it expanded from one element)."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.down = nn.Conv2d(3, c, 3, padding=1, stride=2)
+        self.mid = nn.Conv2d(c, 2 * c, 3, padding=1)
+        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.head = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.up(torch.relu(self.mid(torch.relu(self.down(x)))))))
+
+
+def test_a_convolution_output_and_an_upsampling_against_the_allocator():
+    """oneDNN copies a grad_output that is not contiguous before its backward (+ its bytes, any
+    shape: the probe below); its 2×2 stride-2 deconvolution holds two output-sized buffers. Checked
+    on the CPU allocator: the forward exactly, the step within the 1×1 weight gradient's reduction
+    buffer for 4 channels (12,992 bytes more than for 8 and up); other transposed convolutions are
+    named unmodelled."""
+    from archscan.memory.scratch import onednn_block
+
+    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+        pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
+    x = torch.randn(4, 16, 32, 32)
+    w = torch.randn(4, 16, 3, 3)
+    y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    args = ([4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+    ones, one = torch.ones_like(y), torch.ones(()).expand_as(y)
+    dense = op_scratch(lambda: torch.ops.aten.convolution_backward(ones, x, w, *args))
+    expanded = op_scratch(lambda: torch.ops.aten.convolution_backward(one, x, w, *args))
+    assert expanded - dense == y.numel() * 4
+
+    torch.manual_seed(0)
+    model, inputs = UpHead(), [torch.randn(2, 3, 64, 64)]
+    memory = archscan.scan(UpHead(), [(2, 3, 64, 64)], recommend=False, rules=[]).memory
+    assert memory["peak_bytes"] == forward_peak(model.eval(), inputs) and "unmodelled_scratch" not in memory
+    step = archscan.scan(UpHead(), [(2, 3, 64, 64)], recommend=False, rules=[],
+                         train=TrainOptions.parse("adamw:foreach", loss="sum", release_output=True)).training_step
+    truth = step_peak(model.train(), inputs, "adamw", "foreach", loss="sum", release_output=True)
+    assert 0 <= truth - step["memory"]["peak_bytes"] <= 12_992
+    odd = archscan.scan(nn.ConvTranspose2d(16, 16, 3, stride=2, padding=1), [(2, 16, 32, 32)], recommend=False,
+                        rules=[]).memory
+    assert odd["unmodelled_scratch"] == {"conv_transpose2d": 1}

@@ -55,24 +55,38 @@ def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
-def _conv_kind(x, transposed) -> str | None:
+def _conv_kind(x, w, stride, padding, dilation, transposed, groups) -> str | None:
     """A convolution the CPU's scratch entries do not model: 1-D, 3-D or transposed (their oneDNN
-    and slow paths allocate inside, unmeasured); None for a 2-D one."""
+    and slow paths allocate inside, unmeasured), but the transposed ones ``_plain_deconvolution``
+    models; None for a 2-D one."""
     if not isinstance(x, torch.Tensor):
         return None
     dims = x.dim() - 2
     if transposed:
-        return f"conv_transpose{dims}d"
+        return None if _plain_deconvolution(x, w, stride, padding, dilation, groups) else f"conv_transpose{dims}d"
     return None if dims == 2 else f"conv{dims}d"
+
+
+def _plain_deconvolution(x, weight, stride, padding, dilation, groups) -> bool:
+    """A transposed 2-D convolution whose CPU scratch is modelled: float32 NCHW on oneDNN's AVX2
+    kernels (channels blocked by 8), kernel equal to its stride (the patches do not overlap: a
+    UNet's or a segmentation head's 2×2, stride-2 upsampling), no padding or dilation, one group,
+    channels a multiple of 8. Read from the allocator's events of torch 2.13 on an AVX2 CPU; the
+    other transposed convolutions, and these on AVX-512, are named unmodelled."""
+    return (isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype == torch.float32 and x.is_contiguous()
+            and _onednn_cpu(x, weight) and onednn_block() == 8 and groups == 1
+            and tuple(weight.shape[2:]) == tuple(stride) and all(p == 0 for p in padding)
+            and all(d == 1 for d in dilation) and x.shape[1] % 8 == 0 and weight.shape[1] % 8 == 0)
 
 
 # Ops whose CPU kernels allocate inside themselves where no entry above models it, by the name a
 # report gives them (``unmodelled_scratch``): a memory figure across them may be low by their
 # scratch, and the report says so rather than give a quiet figure.
 _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
-    aten.convolution: lambda x, w, b, stride, padding, dilation, transposed, *rest: _conv_kind(x, transposed),
-    aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, *rest:
-        _conv_kind(x, transposed),
+    aten.convolution: lambda x, w, b, stride, padding, dilation, transposed, output_padding, groups, *rest:
+        _conv_kind(x, w, stride, padding, dilation, transposed, groups),
+    aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, *rest:
+        _conv_kind(x, w, stride, padding, dilation, transposed, groups),
     aten.native_layer_norm: lambda x, *rest: None if x.is_contiguous() else "layer_norm of a permuted input",
     aten._fft_r2c: lambda *args: "fft",
     aten._fft_c2r: lambda *args: "fft",
@@ -147,9 +161,12 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
     oneDNN reorders the input (unless it has fewer than 8 channels: its first-layer kernel reads
     NCHW) and the weight to blocked layouts, channels padded to 16, and computes into a blocked
     output it then copies to the result: at its worst the kernel holds the reorders and the
-    blocked output, then the blocked output and the result."""
+    blocked output, then the blocked output and the result.
+
+    A transposed convolution ``_plain_deconvolution`` models holds two output-sized buffers beside
+    its result (oneDNN's deconvolution, read from the allocator's events)."""
     if transposed:
-        return 0
+        return 2 * nbytes(out) if _plain_deconvolution(x, weight, stride, padding, dilation, groups) else 0
     if _slow_cpu(x, dilation):
         columns = _im2col(x, weight, out, stride, padding, groups)
         return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, nbytes(out))
@@ -180,9 +197,23 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
     blocked layout; the input gradient is computed into a blocked tensor and copied out, the
     weight gradient through a scratchpad of the weight's size and a reduction buffer (not for a
     depthwise convolution). The bfloat16 weight-gradient kernel's scratchpad is larger and
-    follows oneDNN's thread partitioning; it is counted as float32's (docs/memory.md)."""
+    follows oneDNN's thread partitioning; it is counted as float32's (docs/memory.md).
+
+    A transposed convolution ``_plain_deconvolution`` models holds grad_output's reordered copy and
+    the weight's for the input gradient, grad_output's and the input's for the weight gradient."""
     if transposed:
-        return 0
+        if not _plain_deconvolution(x, weight, stride, padding, dilation, groups):
+            return 0
+        return max(nbytes(grad_output) + nbytes(weight) if output_mask[0] else 0,
+                   nbytes(grad_output) + nbytes(x) if output_mask[1] else 0)
+    # a grad_output that is not contiguous (the gradient of a sum, expanded from one element: a model
+    # whose output is a convolution's) is first copied whole, and the copy held through the kernel
+    dense = nbytes(grad_output) if _onednn_cpu(x, weight) and not grad_output.is_contiguous() else 0
+    return dense + _convolution_backward_scratch(grad_output, x, weight, stride, padding, dilation, groups,
+                                                 output_mask, out)
+
+
+def _convolution_backward_scratch(grad_output, x, weight, stride, padding, dilation, groups, output_mask, out) -> int:
     results = sum(nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
     if _slow_cpu(x, dilation):
         columns = _im2col(x, weight, grad_output, stride, padding, groups)
