@@ -248,3 +248,22 @@ def test_quantize_is_recommended_where_weights_bound_the_time():
     # at 4,096 rows the same layers are bound by their multiply-adds: nothing to recommend
     r = archscan.scan(wide, [(4096, 2048)], dtype="bf16", profile=h100)
     assert not [x for x in r.recommendations if x.kind == "quantize"]
+
+
+def test_markdown_and_html_reports_carry_the_quantization(tmp_path):
+    h100 = archscan.measure.datasheet_profile("h100")
+    r = archscan.scan("zoo:llama_tiny", ["1,1:int64"], dtype="bf16", quant="int8", kv="int8", decode=64, profile=h100,
+                      rules=[], recommend=False)
+    from archscan.report.html import report_html
+    from archscan.report.markdown import report_markdown
+
+    data = r.to_json()
+    md = report_markdown(data)
+    q = r.quant
+    assert "## Quantization" in md
+    assert f"| forward, quantized | {q['after']['param_bytes']:,} | {q['after']['weight_bytes']:,} |" in md
+    assert f"| decode step, quantized | - | {q['decode']['after']['weight_bytes']:,} |" in md
+    assert "- kept: output: the last layer" in md
+    html = report_html(data)
+    assert 'id="quant"' in html and "the last layer" in html
+    assert "## Quantization" not in report_markdown(archscan.scan("zoo:llama_tiny", ["1,8:int64"], rules=[]).to_json())

@@ -21,3 +21,32 @@ def slowest_nodes(report: dict, limit: int) -> tuple[bool, str, list[dict]]:
     timed = any(n.get("latency_ms") for n in report["nodes"])
     key = "latency_ms" if timed else "predicted_ms"
     return timed, key, sorted((n for n in report["nodes"] if n.get(key)), key=lambda n: -n[key])[:limit]
+
+
+QUANT_HEADERS = ["", "parameters (bytes)", "weights read (bytes)", "bytes moved", "predicted ms", "served ms"]
+
+
+def quant_rows(quant: dict) -> list[list]:
+    """``--quant``/``--kv``: the forward's and (with ``--decode``) the decode step's figures before and
+    after, as raw values (None where not predicted): [label, parameter bytes, weight bytes read, bytes
+    moved, predicted ms, served ms]."""
+    rows = []
+    for label, side in (("forward", quant.get("before")), ("forward, quantized", quant.get("after"))):
+        if side:
+            rows.append([label, side["param_bytes"], side["weight_bytes"], side["mac_bytes"], side.get("predicted_ms"),
+                         side.get("served_ms")])
+    step = quant.get("decode")
+    if step:
+        for label, side in (("decode step", step["before"]), ("decode step, quantized", step["after"])):
+            rows.append([label, None, side["weight_bytes"], side["mac_bytes"], side.get("predicted_ms"),
+                         side.get("served_ms")])
+    return rows
+
+
+def kept_layers(quant: dict) -> list[tuple[str, list[str]]]:
+    """(reason, module paths) of the layers ``--quant`` keeps in high precision, by reason."""
+    out: dict[str, list[str]] = {}
+    for layer in quant.get("layers", []):
+        if "kept" in layer:
+            out.setdefault(layer["kept"], []).append(layer["module"])
+    return list(out.items())

@@ -16,7 +16,7 @@ from .. import __version__
 from ..compare import GUIDELINES, TIME_BASIS, time_columns
 from . import plots
 from .compare import columns
-from .facts import predicted_by_module, slowest_nodes
+from .facts import QUANT_HEADERS, kept_layers, predicted_by_module, quant_rows, slowest_nodes
 from .text import fmt_bytes, fmt_count, fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
 _CSS = """
@@ -50,11 +50,35 @@ def report_html(report: dict) -> str:
         ("roofline", "Roofline", _plot(plots.roofline_svg(report), _roofline_note(report))),
         ("latency", "Latency", _latency(report)),
         ("memory", "Memory", _memory(report)),
+        *([("quant", "Quantization", _quant(report["quant"]))] if report.get("quant") else []),
         ("findings", f"Findings ({len(report['findings'])})", _findings(report)),
         ("recommendations", f"Recommendations ({len(report['recommendations'])})", _recommendations(report)),
         ("blocks", "Blocks (G3)", _blocks(report)),
     ]
     return _page(f"archscan: {report['model']}", _subtitle(report), sections)
+
+
+def _quant(quant: dict) -> str:
+    """--quant and --kv: the scheme and layout, before and after, the layers kept and why."""
+    parts = []
+    if quant.get("scheme"):
+        parts.append(f"<p>{escape(quant['scheme'])} as {escape(quant['device'])} stores it ({escape(quant['layout'])}): "
+                     f"{quant['quantized']} linear layers quantized, {quant['kept']} kept"
+                     + (f", {quant['bits_per_weight']:.2f} bits per weight" if quant.get("bits_per_weight") else "")
+                     + ".</p>")
+    rows = [[escape(r[0])] + [_num(fmt_bytes(v), v) if v is not None else _num("-") for v in r[1:4]]
+            + [_num(_ms(v)) for v in r[4:]] for r in quant_rows(quant)]
+    if rows:
+        parts.append(_table(QUANT_HEADERS, rows, numeric={1, 2, 3, 4, 5}))
+    kept = kept_layers(quant)
+    if kept:
+        parts.append("<ul>" + "".join(f"<li>kept: {escape(', '.join(m[:5]))}{f' (+{len(m) - 5})' if len(m) > 5 else ''}: "
+                                      f"{escape(why)}</li>" for why, m in kept) + "</ul>")
+    if quant.get("kv"):
+        kv = quant["kv"]
+        parts.append(f"<p>KV cache {escape(kv['scheme'])}: {fmt_bytes(kv['bytes_per_token'])} to "
+                     f"{fmt_bytes(kv['bytes_per_token_after'])} per token ({escape(kv['convention'])}).</p>")
+    return "\n".join(parts)
 
 
 def _memory(report: dict) -> str:

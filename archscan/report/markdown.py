@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..compare import GUIDELINES, time_columns
 from .compare import columns
-from .facts import slowest_nodes
+from .facts import QUANT_HEADERS, kept_layers, quant_rows, slowest_nodes
 from .text import fmt_recommendation_saving, fmt_recommendation_says, fmt_saving, input_text
 
 
@@ -18,10 +18,32 @@ def report_markdown(report: dict, depth: int = 2) -> str:
     parts = [f"# archscan: `{report['model']}`", "", *_summary(report), ""]
     parts += ["## Modules", "", *_modules(report, depth), ""]
     parts += ["## Latency", "", *_latency(report), ""]
+    if report.get("quant"):
+        parts += ["## Quantization", "", *_quant(report["quant"]), ""]
     parts += ["## Findings", "", *_findings(report), ""]
     parts += ["## Recommendations", "", *_recommendations(report), ""]
     parts += ["## Blocks (G3)", "", *_blocks(report)]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def _quant(quant: dict) -> list[str]:
+    """--quant and --kv: the scheme and layout, before and after, the layers kept and why."""
+    lines = []
+    if quant.get("scheme"):
+        lines += [f"`{quant['scheme']}` as {_cell(quant['device'])} stores it ({_cell(quant['layout'])}): "
+                  f"{quant['quantized']} linear layers quantized, {quant['kept']} kept"
+                  + (f", {quant['bits_per_weight']:.2f} bits per weight" if quant.get("bits_per_weight") else "") + ".", ""]
+    rows = [[_cell(r[0])] + [_int(v) for v in r[1:4]] + [_ms(v) for v in r[4:]] for r in quant_rows(quant)]
+    if rows:
+        lines += _table(QUANT_HEADERS, rows, right=range(1, 6)) + [""]
+    for why, modules in kept_layers(quant):
+        lines.append(f"- kept: {_cell(', '.join(modules[:5]))}{f' (+{len(modules) - 5})' if len(modules) > 5 else ''}: "
+                     f"{_cell(why)}")
+    if quant.get("kv"):
+        kv = quant["kv"]
+        lines.append(f"- KV cache `{kv['scheme']}`: {_int(kv['bytes_per_token'])} -> {_int(kv['bytes_per_token_after'])} "
+                     f"bytes per token ({_cell(kv['convention'])})")
+    return lines
 
 
 def compare_markdown(comparison: dict, reports: list[dict]) -> str:
