@@ -542,3 +542,32 @@ def test_a_convolution_output_and_an_upsampling_against_the_allocator():
     odd = archscan.scan(nn.ConvTranspose2d(16, 16, 3, stride=2, padding=1), [(2, 16, 32, 32)], recommend=False,
                         rules=[]).memory
     assert odd["unmodelled_scratch"] == {"conv_transpose2d": 1}
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a depthwise 7×7 conv, a LayerNorm over the channels-last permutation, an
+    MLP, back to NCHW, and the residual."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+def test_layer_norm_of_a_permuted_input_against_the_allocator():
+    """The CPU's layer norm copies an input (and, backward, a gradient) that is not contiguous: a
+    ConvNeXt block's forward and training step equal the allocator's peaks."""
+    torch.manual_seed(0)
+    model, inputs = ConvNeXtBlock(), [torch.randn(4, 32, 16, 16)]
+    memory = archscan.scan(ConvNeXtBlock(), [(4, 32, 16, 16)], recommend=False, rules=[]).memory
+    assert memory["peak_bytes"] == forward_peak(model.eval(), inputs) and "unmodelled_scratch" not in memory
+    step = archscan.scan(ConvNeXtBlock(), [(4, 32, 16, 16)], recommend=False, rules=[],
+                         train=TrainOptions.parse("adamw:foreach", loss="sum", release_output=True)).training_step
+    assert step["memory"]["peak_bytes"] == step_peak(model.train(), inputs, "adamw", "foreach", loss="sum",
+                                                     release_output=True)

@@ -87,7 +87,6 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
         _conv_kind(x, w, stride, padding, dilation, transposed, groups),
     aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, *rest:
         _conv_kind(x, w, stride, padding, dilation, transposed, groups),
-    aten.native_layer_norm: lambda x, *rest: None if x.is_contiguous() else "layer_norm of a permuted input",
     aten._fft_r2c: lambda *args: "fft",
     aten._fft_c2r: lambda *args: "fft",
     aten._fft_c2c: lambda *args: "fft",
@@ -278,13 +277,27 @@ def _avx2_backward(grad_output, x, weight, stride, groups: int, output_mask, res
     return max(worst, held + max(go + x_blocked + reduction, nbytes(weight)) + w - results)
 
 
+def _copied(*tensors) -> int:
+    """The bytes of the contiguous copies a CPU kernel makes of those of ``tensors`` that are not
+    contiguous (a layer norm over a permuted input: a ConvNeXt block's channels-last norm)."""
+    return sum(nbytes(t) for t in tensors if isinstance(t, torch.Tensor) and not t.is_contiguous())
+
+
+@register_scratch(aten.native_layer_norm)
+def layer_norm_scratch(x, normalized_shape, weight, bias, eps, *, out):
+    """The CPU kernel normalizes a contiguous copy of an input that is not contiguous."""
+    return _copied(x) if x.device.type == "cpu" else 0
+
+
 @register_scratch(aten.native_layer_norm_backward)
 def layer_norm_backward_scratch(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *, out):
     """The CPU kernel sums the weight and bias gradients per thread: two float32 buffers of the
-    normalized size for each of ``torch.get_num_threads()`` threads."""
-    if x.device.type != "cpu" or not (output_mask[1] or output_mask[2]):
+    normalized size for each of ``torch.get_num_threads()`` threads; it reads contiguous copies of
+    an input and a grad_out that are not contiguous (the allocator's events, torch 2.13)."""
+    if x.device.type != "cpu":
         return 0
-    return 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4
+    partial = 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4 if output_mask[1] or output_mask[2] else 0
+    return _copied(grad_out, x) + partial
 
 
 def _blas_ready(t) -> bool:
