@@ -128,7 +128,7 @@ def scan(model: nn.Module | Callable[..., nn.Module] | str, inputs: Sequence[Inp
     if what_ifs and train is None:
         raise ArchscanError("what-ifs change the training step", hint="add --train (train=True)")
     spread = _parallel(parallel, plan, interconnect, train, what_ifs, decode, budget)
-    quantize = _quant_options(quant, kv, keep, decode, spread)
+    quantize = _quant_options(quant, kv, keep, decode, spread, train)
     runs_as = _execution(execution, profile, memory, options)
     try:
         with seeded_rng(), collector_paused(), executing(runs_as):
@@ -378,7 +378,7 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
 
 
-def _quant_options(quant, kv, keep, decode, spread) -> dict | None:
+def _quant_options(quant, kv, keep, decode, spread, train=None) -> dict | None:
     """``--quant``, ``--kv`` and ``--keep`` checked before any analysis: {scheme, kv, keep} or None."""
     if quant is None and kv is None:
         if keep:
@@ -389,8 +389,9 @@ def _quant_options(quant, kv, keep, decode, spread) -> dict | None:
     scheme = parse_scheme(quant) if quant is not None else None
     if kv is not None and decode is None:
         raise ArchscanError("--kv quantizes the KV cache of a decode step", hint="add --decode L")
-    if spread is not None:
-        raise ArchscanError("--quant analyses inference; --parallel a training step", hint="run them in scans of their own")
+    if spread is not None or train is not None:
+        raise ArchscanError("--quant analyses inference; --train a training step (quantization-aware training is "
+                            "not modelled)", hint="run them in scans of their own")
     if scheme is not None:
         torchao()  # missing: one line saying what to install, before any analysis
     return {"scheme": scheme, "kv": parse_kv(kv) if kv is not None else None, "keep": tuple(keep or ())}

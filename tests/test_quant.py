@@ -195,6 +195,7 @@ def test_cli_text_and_json(capsys):
     (["--kv", "int2", "--decode", "8"], "unknown KV-cache scheme"),
     (["--keep", "output"], "--keep names the layers --quant leaves"),
     (["--quant", "int8", "--keep", "nothing.here"], "--keep nothing.here matches no linear layer"),
+    (["--quant", "int8", "--train"], "--quant analyses inference; --train a training step"),
 ])
 def test_bad_quant_options_are_one_line(args, message, capsys):
     assert main(["zoo:llama_tiny", "--input", "1,8:int64", *args]) == 2
