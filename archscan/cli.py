@@ -174,6 +174,8 @@ def scan_cmd(
 
 def _check_quant(quant: str | None, kv: str | None, keep, decode) -> None:
     """--quant, --kv and --keep read before the model is imported: a typo costs no analysis."""
+    if quant is None and kv is None and not keep:
+        return
     from .quant.schemes import parse_kv, parse_scheme
 
     if quant is not None:
