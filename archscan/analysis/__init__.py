@@ -22,7 +22,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import _get_qualified_name
 
-from ..capture import Captured, NodeCosts, Observer, capture, module_stack, run_again, seeded_rng, source_of
+from ..capture import (Captured, NodeCosts, Observer, Weight, capture, model_weights, module_stack, run_again,
+                       seeded_rng, source_of)
 from ..costs import CATEGORIES, MASK_ELEMENTS, bound_arguments, mask_pairs, storage_key
 from ..load.frames import exit_error
 from ..memory import MemoryObserver, forward_memory
@@ -372,7 +373,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             mac_bytes=sum(c.mac_bytes for c in costs.ops), read_bytes=sum(c.read_bytes for c in costs.ops),
             write_bytes=sum(c.write_bytes for c in costs.ops), weight_bytes=sum(c.weight_bytes for c in costs.ops),
             params=params, out_shape=costs.out_shape,
-            dtype=dtype_name(costs.out_dtype) if costs.out_dtype is not None else None,
+            dtype=_node_dtype(costs),
             source=_source(node, sources), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
             aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
             attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks, mask_keys), **_placement_attrs(node)},
@@ -380,12 +381,11 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         kept.add(node.name)
         node_stacks.append(stack)
     unused_names = tuple(sorted(name for key, name in captured.param_names.items() if key not in seen_params))
-    modules = _module_reports(model, nodes, node_stacks, set(unused_names))
-    all_params = {}
-    for _, p in model.named_parameters(remove_duplicate=True):
-        all_params[id(p)] = p
-    total_params = sum(p.numel() for p in all_params.values())
-    param_bytes = sum(p.numel() * p.element_size() for p in all_params.values())
+    # the parameters, and torch.ao's packed weights; a quantized weight at its bytes as stored (capture.Weight)
+    weights = model_weights(model)
+    modules = _module_reports(model, nodes, node_stacks, set(unused_names), weights)
+    total_params = sum(w.numel for w in weights)
+    param_bytes = sum(w.nbytes for w in weights)
     used = sum(n.params for n in nodes)
     totals = Totals(
         params=total_params, flops=sum(n.flops for n in nodes), mac_bytes=sum(n.mac_bytes for n in nodes),
@@ -403,6 +403,15 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
         modules=tuple(modules), uncounted=dict(uncounted.most_common()), capture_notes=tuple(captured.notes),
         memory=_memory(captured, specs, dtype) if memory else None,
     )
+
+
+def _node_dtype(costs: NodeCosts) -> str | None:
+    """The dtype a node computes in: its output's, or the one its GEMM computes in where that is
+    another (``compute_dtype``: a dynamically quantized linear's int8 GEMM gives float32 out)."""
+    computes = next((c.attrs["compute_dtype"] for c in costs.ops if "compute_dtype" in c.attrs), None)
+    if computes is not None:
+        return computes
+    return dtype_name(costs.out_dtype) if costs.out_dtype is not None else None
 
 
 def _source(node: torch.fx.Node, seen: dict[str, str | None]) -> str | None:
@@ -459,7 +468,7 @@ def _host_constants(gm: torch.fx.GraphModule) -> tuple[dict, ...]:
 
 
 def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list[tuple[str, str]]],
-                    unused_names: set[str]) -> list[ModuleReport]:
+                    unused_names: set[str], weights: Sequence[Weight]) -> list[ModuleReport]:
     """Sum node costs into every module on each node's stack; every registered module is listed."""
     agg: dict[str, dict] = {}
     types: dict[str, str] = {}
@@ -486,15 +495,11 @@ def _module_reports(model: nn.Module, nodes: list[NodeReport], stacks: list[list
             a["cats"][node.category] += node.mac_bytes + node.flops
     params: Counter = Counter()
     unused: Counter = Counter()
-    seen: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        for owner in module_and_ancestors(name.rpartition(".")[0]):
-            params[owner] += p.numel()
-            if name in unused_names:
-                unused[owner] += p.numel()
+    for w in weights:  # each once, in the module that registered it first
+        for owner in module_and_ancestors(w.name.rpartition(".")[0]):
+            params[owner] += w.numel
+            if w.name in unused_names:
+                unused[owner] += w.numel
     out = []
     for path, a in agg.items():
         cat = a["cats"].most_common(1)[0][0] if a["cats"] else ""

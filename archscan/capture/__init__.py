@@ -47,11 +47,12 @@ import torch
 import torch.fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import direct
 from ..load.building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
                              meta_instance, on_meta, strip_user_hooks)
-from ..costs import storage_key
+from ..costs import inner_tensors, is_packed, packed, packed_key, storage_key, stored_nbytes
 from ..devices import short_of
 from .eager import capture_eager
 from ..errors import ArchscanError, CaptureError, DeviceError
@@ -61,7 +62,7 @@ from ..load.targets import InputSpec, ModelTarget
 from ..load.recording import (NodeCosts, OpRecorder, SyncWatcher, first_tensor, module_stack, needs_values,
                               output_tensors, python_stack, quiet, shape_str, source_of)
 
-__all__ = ["Captured", "NodeCosts", "Observer", "between_products", "capture", "capture_context", "module_stack", "run_again", "source_of",
+__all__ = ["Captured", "NodeCosts", "Observer", "Weight", "model_weights", "between_products", "capture", "capture_context", "module_stack", "run_again", "source_of",
            "trace_export", "trace_fx"]
 
 
@@ -106,16 +107,50 @@ class Observer(Protocol):
     def result(self, mode: Any, output: Any, model: nn.Module) -> Any: ...
 
 
-def _weight_maps(model: nn.Module) -> tuple[dict, dict, set]:
-    names, numel, weight_keys = {}, {}, set()
-    for name, p in model.named_parameters(remove_duplicate=True):
-        k = storage_key(p)
-        names.setdefault(k, name)
-        numel.setdefault(k, p.numel())
-        weight_keys.add(k)
+@dataclass(frozen=True)
+class Weight:
+    """One weight a model stores: a parameter, or torch.ao's packed parameters (a quantized layer's
+    weight and bias, packed in a TorchScript object: ``archscan.costs.quantized``)."""
+
+    name: str       # 'fc.weight', 'fc._packed_params._packed_params'
+    key: Any        # storage_key (a parameter), packed_key (packed parameters)
+    numel: int      # elements: a tensor subclass's logical ones (N*K), the packed weights' and biases'
+    nbytes: int     # bytes as stored: a subclass's inner storages, the packed int8 values, scales, zero points
+    inner: tuple = ()  # storage keys of a tensor subclass's inner tensors (qdata, scale, zero_point)
+
+
+def model_weights(model: nn.Module) -> list[Weight]:
+    """Every weight of ``model`` once, in registration order: its parameters, then the packed
+    parameters of its torch.ao quantized layers (``quantize_dynamic``, static ``convert``), which
+    torch does not list among the parameters."""
+    out, seen = [], set()
+    for name, p in model.named_parameters(remove_duplicate=True):  # each parameter once (tied ones too)
+        subclass = is_traceable_wrapper_subclass(p)
+        out.append(Weight(name, storage_key(p), p.numel(), stored_nbytes(p),
+                          tuple(storage_key(t) for t in inner_tensors(p)) if subclass else ()))
+    for path, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if is_packed(value) and packed_key(value) not in seen:
+                seen.add(packed_key(value))
+                found = packed(value)
+                out.append(Weight(f"{path}.{attr}" if path else attr, packed_key(value), found.numel, found.nbytes))
+    return out
+
+
+def _weight_maps(model: nn.Module) -> tuple[dict, dict, set, bool]:
+    """(weight key -> name, weight key -> elements, the keys of every weight and buffer, whether a
+    weight is a tensor subclass). A subclass's inner tensors are weights too (an op that reads one
+    reads the weight at its stored bytes), under its own key for the parameter counts."""
+    names, numel, weight_keys, subclasses = {}, {}, set(), False
+    for w in model_weights(model):
+        names.setdefault(w.key, w.name)
+        numel.setdefault(w.key, w.numel)
+        weight_keys.add(w.key)
+        weight_keys.update(w.inner)
+        subclasses |= bool(w.inner)
     for _, b in model.named_buffers():
         weight_keys.add(storage_key(b))
-    return names, numel, weight_keys
+    return names, numel, weight_keys, subclasses
 
 
 # --- fx and export ---------------------------------------------------------------------------------
@@ -349,7 +384,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     model = build_fake(target, kwargs, dtype, fake_mode, specs, meta=meta)  # the constructor runs once
     hooks = strip_user_hooks(model) if hooks is None else hooks
     _check_arity(model, specs)
-    names, numel, weight_keys = _weight_maps(model)
+    names, numel, weight_keys, subclasses = _weight_maps(model)
     call = make_call(specs, dtype, fake_mode)
 
     observed: dict[str, Any] = {}
@@ -360,18 +395,19 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
                         fake=real_model is None, observed=observed if real_model is None else {})
 
     if target.program:  # an exported program (.pt2): its graph is the capture, module stacks included
-        gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures)
+        gm = _try_graph("program", model, call, fake_mode, weight_keys, names, failures, subclasses=subclasses)
         if gm is None:
             raise CaptureError(f"the exported program {target.name} does not run: {failures['program']}")
         return captured(gm, "export")
     if method in ("auto", "fx"):
-        gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures)
+        gm = _try_graph("fx", model, call, fake_mode, weight_keys, names, failures, subclasses=subclasses)
         if gm is not None:
             return captured(gm, "fx")
     recording = None
     if method in ("auto", "eager") and direct_recording is None:
         try:
-            recording, watcher, found = _record(model, call, weight_keys, names, target.source_file, observers, fake_mode)
+            recording, watcher, found = _record(model, call, weight_keys, names, target.source_file, observers, fake_mode,
+                                                subclasses=subclasses)
             observed.update(found)
         except CaptureError as exc:
             if not needs_values(exc.__cause__):
@@ -382,7 +418,7 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
         return captured(recording, "eager", _EAGER_NOTE, watcher.records())
     if method in ("auto", "export"):
         syncs = SyncWatcher()
-        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, syncs)
+        gm = _try_graph("export", model, call, fake_mode, weight_keys, names, failures, syncs, subclasses)
         if gm is not None:
             return captured(gm, "export", syncs=syncs.records())
     if method in ("fx", "export"):
@@ -397,10 +433,11 @@ def _capture(target: ModelTarget, specs: Sequence[InputSpec], kwargs: dict, dtyp
     _check_real_fits(model, specs, dtype, failures)
     real = build_real(target, kwargs, dtype, specs)
     strip_user_hooks(real)
-    names, numel, weight_keys = _weight_maps(real)
+    names, numel, weight_keys, subclasses = _weight_maps(real)
     torch.manual_seed(0)
     call = make_call(specs, dtype)
-    gm, watcher, found = _record(real, call, weight_keys, names, target.source_file, observers)  # the memory rides it
+    gm, watcher, found = _record(real, call, weight_keys, names, target.source_file, observers,  # the memory rides it
+                                 subclasses=subclasses)
     taken = gm.meta.get("archscan_taken") or []
     note = ("eager capture: the model reads tensor values, so it ran once for real on seeded random inputs "
             f"({_input_note(specs)}); the analysis covers the path taken for those values"
@@ -525,11 +562,11 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
         return None
     if any(n.op == "call_method" and n.target in _READS_VALUES for n in gm.graph.nodes):
         return None
-    names, numel, weight_keys = _weight_maps(model)
+    names, numel, weight_keys, subclasses = _weight_maps(model)
     observers = [o for o in observers if getattr(o, "rides_direct", True)]
     modes = [observer.mode(model) for observer in observers]
     try:
-        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names)), modes)
+        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names), subclasses), modes)
     except Exception:  # the direct run's own limits (meta weights beside CPU inputs: an RNN's fused kernel
         return None    # refuses them) are not the model's: the fake path decides, and names a real input error
     observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
@@ -543,9 +580,9 @@ def run_again(captured: Captured, specs: Sequence[InputSpec], observer: Observer
     model = captured.model
     if captured.kind != "fx" or not on_meta(model):
         return None
-    names, _, weight_keys = _weight_maps(model)
+    names, _, weight_keys, subclasses = _weight_maps(model)
     mode = observer.mode(model)
-    out = _interpret(captured.gm, make_call(specs, None), direct.Direct(), OpRecorder(weight_keys, set(names)), [mode])
+    out = _interpret(captured.gm, make_call(specs, None), direct.Direct(), OpRecorder(weight_keys, set(names), subclasses), [mode])
     return observer.result(mode, out, model)
 
 
@@ -566,11 +603,11 @@ def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequ
     The same ops in the same order as on fake tensors (fake tensors behave as the CPU kernels do),
     without the fake tensors' cost: a model written as a Python loop of small ops (HF Mamba's CPU
     path, 22,000 ops at 64 tokens) records in a third of the time."""
-    names, numel, weight_keys = _weight_maps(model)
+    names, numel, weight_keys, subclasses = _weight_maps(model)
     try:
         gm, watcher, observed = _record(model, make_call(specs, None), weight_keys, names, source_file, observers,
                                         below=[direct.Direct(output_bytes=direct.RECORDING_OUTPUT_BYTES)],
-                                        home=torch.device("cpu"))
+                                        home=torch.device("cpu"), subclasses=subclasses)
     except Exception:
         return None
     if watcher.calls:
@@ -581,8 +618,8 @@ def _record_direct(model: nn.Module, specs: Sequence[InputSpec], observers: Sequ
 
 
 def _record(model: nn.Module, call: Call, weight_keys, names, source_file: str | None, observers: Sequence[Observer],
-            fake_mode: FakeTensorMode | None = None, below: Sequence[Any] = (), home: torch.device | None = None
-            ) -> tuple[torch.fx.GraphModule, SyncWatcher, dict]:
+            fake_mode: FakeTensorMode | None = None, below: Sequence[Any] = (), home: torch.device | None = None,
+            subclasses: bool = False) -> tuple[torch.fx.GraphModule, SyncWatcher, dict]:
     """``capture_eager`` with the observers that ride it (``eager_mode``) above ``below`` and the
     model's Python state given back after: (graph, the syncs it saw, what the observers found).
     The observers let go of what they hold (hooks) whether or not the model ran; ``CaptureError``
@@ -592,14 +629,14 @@ def _record(model: nn.Module, call: Call, weight_keys, names, source_file: str |
     try:
         with watcher, state_kept(model):
             gm = capture_eager(model, call, weight_keys, set(names), source_file, fake_mode,
-                               [*below, *(mode for _, mode in riders)], home)
+                               [*below, *(mode for _, mode in riders)], home, subclasses)
     finally:
         observed = {o.key: o.result(mode, None, model) for o, mode in riders}
     return gm, watcher, observed
 
 
 def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, names, failures: dict,
-               watcher: SyncWatcher | None = None) -> torch.fx.GraphModule | None:
+               watcher: SyncWatcher | None = None, subclasses: bool = False) -> torch.fx.GraphModule | None:
     """Trace with fx or export and cost the graph on fake tensors; None (and ``failures[kind]``)
     when it does not work. A model that rejects its inputs is an input error, raised."""
     try:
@@ -610,7 +647,7 @@ def _try_graph(kind: str, model: nn.Module, call: Call, fake_mode, weight_keys, 
         failures[kind] = (f"the model needs tensor values{at(exc)}" if kind == "export"
                           and needs_values(exc) else short(exc))
         return None
-    recorder = OpRecorder(weight_keys, set(names))
+    recorder = OpRecorder(weight_keys, set(names), subclasses)
     try:
         _interpret(gm, call, fake_mode, recorder)
     except _NodeFailure as failure:
@@ -743,7 +780,13 @@ def _notes(failures: dict[str, str]) -> list[str]:
 def _was_training(target: ModelTarget) -> bool:
     """Was the module handed over in train mode? (An exported program's module always says it is:
     its graph was traced in the mode the model had then.)"""
-    return target.instance is not None and not target.program and any(m.training for m in target.instance.modules())
+    return target.instance is not None and not target.program and any(
+        m.training for m in target.instance.modules() if not type(m).__module__.startswith(_QUANTIZED_MODULES))
+
+
+# torch.ao's quantized modules: ``quantize_dynamic`` and ``convert`` make them in train mode whatever the
+# model's mode (torch's swap does not carry it over), and their forward is the same in either
+_QUANTIZED_MODULES = ("torch.ao.nn.quantized.", "torch.nn.quantized.")
 
 
 def _check_arity(model: nn.Module, specs: Sequence[InputSpec]) -> None:

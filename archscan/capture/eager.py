@@ -83,7 +83,7 @@ class _EagerGraphBuilder:
         device = torch.device(device)
         return self.home if self.home is not None and device.type == "meta" else device
 
-    def on_op(self, func, args, kwargs, out, cost):
+    def on_op(self, func, args, kwargs, out, costs):
         if kwargs.get("device") is not None:
             device = self._device(kwargs["device"])
             if func is torch.ops.aten._to_copy.default and args and isinstance(args[0], torch.Tensor) \
@@ -107,7 +107,8 @@ class _EagerGraphBuilder:
                 self.stack_meta[path or "L__self__"] = (path, type(m).__name__)
         node.meta["nn_module_stack"] = self.stack_meta
         node.meta["stack_trace"] = python_stack()
-        costs = NodeCosts(ops=[cost], param_keys=self.recorder.params_read(args, kwargs) if cost.weight_bytes else set())
+        costs = NodeCosts(ops=list(costs), param_keys=self.recorder.params_read(args, kwargs)
+                          if any(c.weight_bytes for c in costs) else set())
         t = first_tensor(out)
         if t is not None:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
@@ -134,16 +135,18 @@ class _EagerGraphBuilder:
 
 def capture_eager(model: nn.Module, call: Call, weight_keys: set, param_keys: set,
                   source_file: str | None, fake_mode: FakeTensorMode | None = None,
-                  below: Sequence[Any] = (), home: torch.device | None = None) -> torch.fx.GraphModule:
+                  below: Sequence[Any] = (), home: torch.device | None = None,
+                  subclass_weights: bool = False) -> torch.fx.GraphModule:
     """Run the model once, recording every aten op with its module: on fake tensors under
     ``fake_mode`` (nothing computed; fails where the model needs values), else for real.
     ``below``: dispatch modes (observers', a direct run's) stacked between the tensors and the
     recorder. ``home``: the device the model's meta tensors stand for (a direct run's weights).
+    ``subclass_weights``: the model holds tensor-subclass weights (``OpRecorder``).
 
     Raises:
         CaptureError: the model failed; its ``__cause__`` is the model's exception.
     """
-    recorder = OpRecorder(weight_keys, param_keys)
+    recorder = OpRecorder(weight_keys, param_keys, subclass_weights)
     builder = _EagerGraphBuilder(model, call, recorder, home)
     pre = nn.modules.module.register_module_forward_pre_hook(builder.pre_hook)
     post = nn.modules.module.register_module_forward_hook(builder.post_hook)

@@ -46,6 +46,8 @@ import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 
 from ..results import CATEGORIES
+from .quantized import (Packed, int_mm_flops, is_packed, packed, quantized_conv_flops, quantized_linear_flops,
+                        quantized_rnn_flops, quantizes_activations, real_object, stored_dtype, stored_nbytes)
 
 aten = torch.ops.aten
 
@@ -903,6 +905,145 @@ _categorize("pooling", "torchvision::roi_align", "torchvision::ps_roi_align", "t
 _categorize("host_sync", "torchvision::nms")  # its output size depends on the data, like nonzero
 _categorize("conv", "torchvision::deform_conv2d")  # refined by groups, as aten convolutions are
 
+
+# --- Quantized models as they are (``quantized.py``) ---------------------------------------------------
+#
+# torch.ao's quantized layers call ops of the ``quantized`` namespace with their weights packed in a
+# TorchScript object (no tensor the dispatcher sees): ``cost_op`` reads a packed argument as a weight at
+# its bytes as stored (``quantized.packed``), and the formulas count the float layer's multiply-adds.
+# torchao's tensor-subclass weights meet ``F.linear``: the recorder costs the call whole
+# (``subclass_linear_costs``), as the fused kernels that serve it run.
+
+_QUANTIZED_LINEARS = ("quantized::linear", "quantized::linear_relu", "quantized::linear_dynamic",
+                      "quantized::linear_relu_dynamic", "quantized::linear_dynamic_fp16",
+                      "quantized::linear_relu_dynamic_fp16")
+_QUANTIZED_CONVS = ("quantized::conv1d", "quantized::conv2d", "quantized::conv3d", "quantized::conv1d_relu",
+                    "quantized::conv2d_relu", "quantized::conv3d_relu", "quantized::conv_transpose1d",
+                    "quantized::conv_transpose2d", "quantized::conv_transpose3d")
+_QUANTIZED_RNNS = ("aten::quantized_lstm", "aten::quantized_gru")
+
+
+@register_flops(*_QUANTIZED_LINEARS)
+def _quantized_linear_flops(x, w_prepack, *args, out_val=None, **kwargs) -> int:
+    """A torch.ao quantized linear (static or dynamic): see ``quantized.quantized_linear_flops``."""
+    return quantized_linear_flops(_shape(x), _shape(out_val))
+
+
+@register_flops(*_QUANTIZED_CONVS)
+def _quantized_conv_flops(x, packed_weight, *args, out_val=None, **kwargs) -> int:
+    """A torch.ao quantized convolution: see ``quantized.quantized_conv_flops``."""
+    found = packed(packed_weight)
+    if found is None or not found.shapes:
+        return 0
+    return quantized_conv_flops(found.shapes[0], _shape(out_val), _packed_transposed(packed_weight), _shape(x))
+
+
+@register_flops(*_QUANTIZED_RNNS)
+def _quantized_rnn_flops(x, hx, params, *args, out_val=None, **kwargs) -> int:
+    """``quantize_dynamic``'s LSTM and GRU: see ``quantized.quantized_rnn_flops``."""
+    shapes = tuple(s for p in params if (found := packed(p)) is not None for s in found.shapes)
+    return quantized_rnn_flops(_shape(x), shapes)
+
+
+@register_flops("aten::_int_mm")
+def _int_mm_flops(a, b, *, out_val=None, **kwargs) -> int:
+    """The int8 GEMM (torchao's dynamic-activation int8 path): see ``quantized.int_mm_flops``."""
+    return int_mm_flops(_shape(a), _shape(b))
+
+
+def _packed_transposed(obj) -> bool:
+    try:
+        return bool(real_object(obj).transpose())
+    except Exception:
+        return False
+
+
+def _quantized_conv_attrs(args) -> dict:
+    """Channels, groups, kernel and stride of a quantized convolution, from its packed weight."""
+    obj, x = real_object(args[1]), args[0]
+    w = packed(obj).weights[0]
+    groups, transposed = int(obj.groups()), _packed_transposed(obj)
+    c_out, c_in = (int(w.shape[1]) * groups, int(w.shape[0])) if transposed else (int(w.shape[0]), int(x.shape[1]))
+    return {"in_channels": c_in, "out_channels": c_out, "groups": groups,
+            "kernel": tuple(int(k) for k in w.shape[2:]), "stride": tuple(int(s) for s in obj.stride()),
+            "transposed": transposed, "in_shape": tuple(int(d) for d in x.shape)}
+
+
+_categorize("linear", *_QUANTIZED_LINEARS)
+_categorize("conv", *_QUANTIZED_CONVS)  # refined by groups, as aten convolutions are
+_categorize("rnn", *_QUANTIZED_RNNS)
+_categorize("matmul", "aten::_int_mm")
+# (de)quantizing converts each element once; quantized element-wise ops work on int8 values
+_categorize("elementwise", "aten::quantize_per_tensor", "aten::quantize_per_tensor_dynamic",
+            "aten::quantize_per_channel", "aten::dequantize", "quantized::add", "quantized::add_relu",
+            "quantized::add_scalar", "quantized::add_scalar_relu", "quantized::mul", "quantized::mul_relu",
+            "quantized::mul_scalar", "quantized::mul_scalar_relu", "quantized::hardswish", "quantized::sigmoid",
+            "quantized::leaky_relu", "quantized::relu6", "quantized::celu", "quantized::threshold")
+_categorize("norm", "quantized::batch_norm1d", "quantized::batch_norm2d", "quantized::batch_norm3d",
+            "quantized::batch_norm2d_relu", "quantized::batch_norm3d_relu", "quantized::layer_norm",
+            "quantized::group_norm", "quantized::instance_norm")
+_categorize("data_movement", "quantized::cat", "quantized::cat_relu")
+
+
+_PACKED_OPS = frozenset(_QUANTIZED_LINEARS + _QUANTIZED_CONVS + _QUANTIZED_RNNS)
+
+
+def _packed_attrs(found: Packed, key: str, attrs: dict) -> dict:
+    """What a torch.ao quantized layer's node says of its packed weight: the type it stores, its bytes
+    as stored, a linear layer's features; a dynamic int8 linear computes in int8 (its activations
+    quantized inside the kernel), which ``compute_dtype`` names."""
+    attrs = {**attrs, "weight_dtype": found.dtype,
+             "weight_stored_bytes": attrs.get("weight_stored_bytes", 0) + found.nbytes}
+    if key in _QUANTIZED_LINEARS and found.shapes:
+        attrs.update(in_features=found.shapes[0][1], out_features=found.shapes[0][0])
+        if key.endswith(("_dynamic", "_relu_dynamic")) and found.dtype == "qint8":
+            attrs["compute_dtype"] = "qint8"
+    return attrs
+
+
+def _packed_reads(args) -> list:
+    """The packed-parameter objects among an op's arguments (a list of them for quantized RNNs)."""
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(x for x in a if is_packed(x))
+        elif is_packed(a):
+            out.append(a)
+    return out
+
+
+def subclass_linear_costs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                          weight_keys: frozenset | set = frozenset()) -> list[OpCost]:
+    """``F.linear`` on a tensor-subclass weight (torchao), as the fused kernel that serves it runs:
+    one GEMM of the float layer's multiply-adds (M·N·K) reading the weight at its bytes as stored
+    (every inner tensor once: values, scales, zero points) and the bias. A weight that quantizes the
+    activations it meets (dynamic-activation configs) computes in int8 (or float8) on activations a
+    kernel before it quantizes: that kernel reads them and writes them one byte each with a float32
+    scale per row, and the GEMM reads the bytes (as ``archscan.quant`` counts a w8a8 layer).
+
+    # [..., N] = linear(x [..., K], W [N, K] stored, bias [N])
+    """
+    k = int(weight.shape[-1])
+    rows = x.numel() // k if k else 0
+    stored = stored_nbytes(weight)
+    bias_bytes = _nbytes(bias) if isinstance(bias, torch.Tensor) else 0
+    weight_read = stored + (bias_bytes if isinstance(bias, torch.Tensor) and storage_key(bias) in weight_keys else 0)
+    attrs = {"in_features": k, "out_features": int(weight.shape[0]), "weight_dtype": stored_dtype(weight),
+             "weight_stored_bytes": stored}
+    name = f"{type(weight).__module__.partition('.')[0]}.linear"
+    flops = quantized_linear_flops(_shape(x), _shape(out))
+    if not quantizes_activations(weight):
+        return [OpCost(name, "linear", flops, 0, _nbytes(x) + stored + bias_bytes, _nbytes(out), weight_read,
+                       attrs=attrs)]
+    quantized = x.numel()  # one byte each, and a float32 scale per row
+    compute = "float8_e4m3fn" if "float8" in (attrs["weight_dtype"] or "") else "int8"
+    quantize = OpCost(f"{name.partition('.')[0]}.quantize_activations", "elementwise", 0, 2 * x.numel(),
+                      _nbytes(x), quantized + 4 * rows)
+    gemm = OpCost(name, "linear", flops, 0, quantized + stored + bias_bytes, _nbytes(out), weight_read,
+                  attrs={**attrs, "compute_dtype": compute})
+    return [quantize, gemm]
+
+
 # Not views by schema, but they only reinterpret metadata: no bytes move.
 _FREE = {p for p in (aten._unsafe_view, aten.lift_fresh, aten.detach_, aten.resize_, aten.set_,
                      _opt("_assert_tensor_metadata"), _opt("_assert_async"), _opt("_assert_scalar"),
@@ -1087,7 +1228,7 @@ def _causal_attrs(func, args: tuple, kwargs: dict, flops: int) -> dict:
 
 # Ops whose attributes (channels, groups, kernel) name their layer; convolutions are refined by groups.
 _ATTRS = {"aten::convolution": _conv_attrs, "aten::_convolution": _conv_attrs,
-          "torchvision::deform_conv2d": _deform_conv_attrs}
+          "torchvision::deform_conv2d": _deform_conv_attrs, **dict.fromkeys(_QUANTIZED_CONVS, _quantized_conv_attrs)}
 
 
 def _conv_category(attrs: dict) -> str:
@@ -1195,13 +1336,19 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         if storage_key(args[1]) in weight_keys:
             weight -= _nbytes(args[1]) - attrs["expert_bytes_read"]
 
+    if key in _PACKED_OPS:  # torch.ao's quantized layers: the packed weights they read, at their bytes as stored
+        for found in (packed(obj) for obj in _packed_reads(args)):
+            read += found.nbytes
+            weight += found.nbytes
+            attrs = _packed_attrs(found, key, attrs)
+
     flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
     if flops and key not in _REAL_MULTIPLY_ADDS and any(t.is_complex() for t in ins):
         flops *= COMPLEX_MULTIPLY_ADDS  # real multiply-adds of complex operands (see "Complex data and FFTs")
     if category == "attention" and flops:
         attrs = _causal_attrs(func, args, kwargs, flops)
     if key in _ATTRS:
-        attrs = _ATTRS[key](args)
+        attrs = {**_ATTRS[key](args), **attrs}
         category = _conv_category(attrs)
     elif packet in _MATMULS and weight:
         category = "linear"

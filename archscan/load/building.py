@@ -20,7 +20,9 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from ..costs import is_packed
 from ..errors import ArchscanError, CaptureError
 from .frames import at, short
 from .specs import path_text
@@ -28,9 +30,23 @@ from .targets import InputSpec, ModelTarget, input_leaves
 from .recording import quiet
 
 
+def _inside(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``convert`` applied to the inner tensors of a tensor subclass (torchao's quantized weights:
+    ``__tensor_flatten__``), the subclass rebuilt around them: a meta or fake copy of a quantized
+    weight stays quantized, its stored bytes the same; a plain tensor as ``convert`` makes it."""
+    def apply(t: torch.Tensor) -> torch.Tensor:
+        if not is_traceable_wrapper_subclass(t):
+            return convert(t)
+        names, ctx = t.__tensor_flatten__()
+        return type(t).__tensor_unflatten__({n: apply(getattr(t, n)) for n in names}, ctx, t.size(), t.stride())
+    return apply
+
+
 def _copy_with(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
     """A copy of a user's module whose parameters and buffers (and the tensors autograd derived
-    from them) are ``convert(t)``; the original is left untouched."""
+    from them) are ``convert(t)`` (a tensor subclass's inner tensors: ``_inside``); the original is
+    left untouched."""
+    convert = _inside(convert)
     memo: dict[int, Any] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in memo:
@@ -90,7 +106,7 @@ def _meta_to_fake(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
             raise ValueError("a tensor of the model is not on the meta device")
         return FakeTensor(fake_mode, t.detach(), cpu)
 
-    return _replace_tensors(model, fake, lambda new, old: _as_parameter(new, old.requires_grad))
+    return _replace_tensors(model, _inside(fake), lambda new, old: _as_parameter(new, old.requires_grad))
 
 
 def _as_parameter(t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
@@ -164,6 +180,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     try:
         with fake_mode, quiet():
             model = target.build(kwargs)
+        _check_packed(model)
         return _prepare(model, dtype, fake_mode)
     except ArchscanError:
         raise
@@ -194,7 +211,17 @@ def build_meta(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = (
     with torch.device("meta"), _SkipInit(), quiet():
         model = target.build(kwargs)
         _materialize_lazy(model, specs, torch.device("meta"))
+    _check_packed(model)
     return model
+
+
+def _check_packed(model: nn.Module) -> None:
+    """Refuse a build without values (meta, fake) that holds torch.ao's packed weights: packing
+    (``quantize_dynamic``, ``convert``) runs fbgemm on the values, and what it packs from fake or
+    meta tensors is no weight (its quantization parameters cannot be read). The model is then
+    built for real; the copies made from a real build keep the real packed weights."""
+    if any(is_packed(v) for m in model.modules() for v in vars(m).values()):
+        raise ValueError("torch.ao's packed weights need a build with values")
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -258,8 +285,8 @@ def _cast(model: nn.Module, dtype: torch.dtype) -> None:
 
     (``Module.to`` swaps tensors, which fake parameters of a copied module do not allow.)
     """
-    _replace_tensors(model, lambda t: t.detach().to(dtype), _same_kind_of_param,
-                     skip=lambda t: not t.is_floating_point())
+    _replace_tensors(model, lambda t: t.detach().to(dtype), _same_kind_of_param,  # a quantized weight keeps its type
+                     skip=lambda t: not t.is_floating_point() or is_traceable_wrapper_subclass(t))
 
 
 @dataclass(frozen=True)

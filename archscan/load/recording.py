@@ -16,7 +16,11 @@ import torch.fx
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..costs import OpCost, cost_op, storage_key, tensors_in, topk_routing
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from ..costs import (OpCost, cost_op, is_packed, packed_key, storage_key, subclass_linear_costs, tensors_in,
+                     topk_routing)
 from ..costs.kernels import run_op
 from .frames import is_user_file, where
 
@@ -97,21 +101,52 @@ def run_higher_order(mode: TorchDispatchMode, func, args, kwargs) -> Any:
 class OpRecorder(TorchDispatchMode):
     """Costs every aten op executed while active, into the current ``NodeCosts``. Higher-order
     ops (``torch.cond``) run as eager PyTorch runs them (``run_higher_order``); ``taken`` says
-    what they did."""
+    what they did.
+
+    ``subclass_weights``: the model holds tensor-subclass weights (torchao's quantized tensors).
+    ``F.linear`` on one is then costed whole, as the fused kernel that serves it runs
+    (``costs.subclass_linear_costs``): a ``TorchFunctionMode`` (``_SubclassLinears``) sees the call
+    before the subclass turns it into the ops of its CPU fallback (the weight dequantized to a float
+    copy, then a float GEMM), which run beneath with the recorder paused. Only then: a function mode
+    sees every call, and a model without such weights runs as it always has."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, weight_keys: set, param_keys: set):
+    def __init__(self, weight_keys: set, param_keys: set, subclass_weights: bool = False):
         super().__init__()
         self.weight_keys = weight_keys
         self.param_keys = param_keys
         self.current: NodeCosts | None = None
-        self.on_op = None  # optional callback(func, args, kwargs, out, cost)
+        self.on_op = None  # optional callback(func, args, kwargs, out, costs): the op's costs, a list
         self.routing: tuple[int, int] | None = None  # the last router's (tokens, k)
         self.taken: list[str] = []
+        self.paused = False  # inside a call costed whole (_SubclassLinears): its ops are not costed again
+        self._linears = _SubclassLinears(self) if subclass_weights else None
+
+    def __enter__(self):
+        out = super().__enter__()
+        if self._linears is not None:
+            self._linears.__enter__()
+        return out
+
+    def __exit__(self, *exc):
+        if self._linears is not None:
+            self._linears.__exit__(*exc)
+        return super().__exit__(*exc)
+
+    def record(self, func, args, kwargs, out, costs: list[OpCost]) -> None:
+        """Put an op's costs (one, or a fused call's kernels) in the current node, and hand them to ``on_op``."""
+        if self.current is not None:
+            self.current.ops.extend(costs)
+            if any(c.weight_bytes for c in costs):
+                self.current.param_keys |= self.params_read(args, kwargs)
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs, out, costs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return run_op(func, args, kwargs)
         if isinstance(func, torch._ops.HigherOrderOperator):
             return run_higher_order(self, func, args, kwargs)
         if func is torch.ops.aten.embedding.default and args[1].is_floating_point():
@@ -125,17 +160,43 @@ class OpRecorder(TorchDispatchMode):
             return out  # a direct run's move between the meta device and the CPU: no op on fake tensors
         self.routing = topk_routing(func, out) or self.routing
         cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
-        if self.current is not None:
-            self.current.ops.append(cost)
-            if cost.weight_bytes:
-                self.current.param_keys |= self.params_read(args, kwargs)
-        if self.on_op is not None:
-            self.on_op(func, args, kwargs, out, cost)
+        self.record(func, args, kwargs, out, [cost])
         return out
 
     def params_read(self, args, kwargs) -> set:
-        """Storage keys of the model parameters among an op's arguments."""
-        return {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
+        """Storage keys of the model parameters among an op's arguments (torch.ao's packed weights
+        by ``packed_key``)."""
+        keys = {k for k in map(storage_key, tensors_in((args, kwargs))) if k in self.param_keys}
+        for a in args:
+            for obj in (a if isinstance(a, (list, tuple)) else (a,)):
+                if is_packed(obj) and packed_key(obj) in self.param_keys:
+                    keys.add(packed_key(obj))
+        return keys
+
+
+class _SubclassLinears(TorchFunctionMode):
+    """``F.linear`` on a tensor-subclass weight, costed whole into ``recorder`` (see ``OpRecorder``)."""
+
+    def __init__(self, recorder: OpRecorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        recorder = self.recorder
+        if func is not torch.nn.functional.linear or recorder.paused:
+            return func(*args, **kwargs)
+        bound = dict(zip(("input", "weight", "bias"), args)) | kwargs
+        x, weight, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+        if not (isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(weight)):
+            return func(*args, **kwargs)
+        recorder.paused = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            recorder.paused = False
+        recorder.record(func, args, kwargs, out, subclass_linear_costs(x, weight, bias, out, recorder.weight_keys))
+        return out
 
 
 _SYNC_METHODS = ("tolist", "item", "numpy")

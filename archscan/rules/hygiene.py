@@ -243,9 +243,11 @@ def check_inplace(ctx: RuleContext) -> list[Finding]:
 
 
 def check_low_precision(ctx: RuleContext) -> list[Finding]:
-    """fp32 matmul/conv work that bf16/fp16 would halve in bytes (and speed up on tensor cores)."""
+    """fp32 matmul/conv work that bf16/fp16 would halve in bytes (and speed up on tensor cores). A
+    layer whose weight is quantized already (``weight_dtype``: torch.ao, torchao) is not fp32 work:
+    its weight is read at its int8 (int4, float8) bytes."""
     r = ctx.report
-    fp32 = [n for n in r.nodes if n.dtype == "float32"]
+    fp32 = [n for n in r.nodes if n.dtype == "float32" and not n.attrs.get("weight_dtype")]
     if not fp32 or not any(n.flops for n in fp32):
         return []
     fp32_bytes = sum(n.mac_bytes for n in fp32)
