@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"scan": ".api", "fuse": ".api", "ArchscanError": ".errors", "InputSpec": ".load.targets", "Finding": ".results",
+_EXPORTS = {"scan": ".api", "fuse": ".api", "quantize": ".quant.apply", "ArchscanError": ".errors",
+            "InputSpec": ".load.targets", "Finding": ".results",
             "ModuleReport": ".results", "NodeReport": ".results", "Report": ".results", "Totals": ".results"}
 
 __all__ = list(_EXPORTS)

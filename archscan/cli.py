@@ -27,7 +27,7 @@ app = typer.Typer(add_completion=True, pretty_exceptions_enable=False,
 AllowPickle = Annotated[bool, typer.Option(
     "--allow-pickle", help="a .pt2 target may run code pickled inside it while it loads (torch.export.load's "
                            "unrestricted unpickling): only for files you trust; without it such a file is refused")]
-_SUBCOMMANDS = {"scan", "compare", "fuse", "prune", "distill", "zoo", "calibrate", "guidelines"}
+_SUBCOMMANDS = {"scan", "compare", "fuse", "prune", "distill", "quantize", "zoo", "calibrate", "guidelines"}
 
 
 @app.command("scan")
@@ -336,6 +336,61 @@ def distill_cmd(
         from .report.text import terminal_width
 
         typer.echo(distill_text(result, width=terminal_width()))
+
+
+@app.command("quantize")
+def quantize_cmd(
+    model: Annotated[str, typer.Argument(help="file.py:Name, package.module:factory or zoo:name")],
+    scheme: Annotated[str, typer.Option("--scheme", "-s", help="int8 (weight-only), w8a8 (dynamic int8 activations), fp8 (weight-only) or int4[:gN] (weight-only, groups of N: 32, 64, 128, 256)")],
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="input shape, e.g. 1,3,224,224; repeat for several inputs (zoo models have a default)")] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to save the quantized program (.pt2); default NAME-SCHEME.pt2 here")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", "-w", help="a state_dict (torch.save, or .safetensors); without it, random weights, and the drift is no verdict on a trained model")] = None,
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", help="keep these layers in high precision (a module path, its prefix or a regular expression; repeat)")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", help="a size the parameters must fit (5MiB, 12MB): the least sensitive layers are quantized first until they do")] = None,
+    kwargs: Annotated[Optional[str], typer.Option("--kwargs", "-k", help="constructor arguments: name=value,name=value")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="build and check the model in this dtype: float32, bfloat16, float16")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON (schema archscan.quantize/1)")] = False,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Quantize the linear layers with torchao, check the drift against the original, save a .pt2."""
+    check_arguments(model, input, dtype)
+    from .quant.schemes import parse_scheme
+
+    chosen = parse_scheme(scheme)  # a typo costs no analysis
+    limit = None
+    if budget is not None:
+        from .quant.apply import parse_size
+
+        limit = parse_size(budget)
+    from .load.targets import output_path
+
+    path = output or output_path(model, chosen.label.replace(":", "-"))
+    check_writable(path, "-o")
+    _transform_device(False, None, weights)
+    from .quant.schemes import torchao
+
+    torchao()  # missing: one line saying what to install, before anything is built
+    _analysis_process()
+    from .api import model_dtype
+    from .load.targets import parse_input_spec, parse_kwargs
+
+    model_type = model_dtype(dtype)
+    specs = [parse_input_spec(s) for s in input or []]
+    constructor_kwargs = parse_kwargs(kwargs)
+    with _model_output(as_json):
+        from .quant.apply import quantize
+
+        target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
+        with _status("quantizing"):
+            result = quantize(target, specs, chosen, weights=weights, keep=keep or (), budget=limit, path=path,
+                              kwargs=constructor_kwargs, dtype=model_type)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        from .quant.apply import quantize_text
+        from .report.text import terminal_width
+
+        typer.echo(quantize_text(result, width=terminal_width()))
 
 
 _CONSOLE = False  # set by ``entry``: this process is one archscan command, not a library caller's
