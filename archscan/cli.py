@@ -172,6 +172,15 @@ def scan_cmd(
         raise typer.Exit(1)
 
 
+def _transform_arguments(input, kwargs, dtype):
+    """(the model's dtype, the input specs, the constructor's keyword arguments) a transform command
+    (fuse, prune, distill, quantize) reads from its options."""
+    from .api import model_dtype
+    from .load.targets import parse_input_spec, parse_kwargs
+
+    return model_dtype(dtype), [parse_input_spec(s) for s in input or []], parse_kwargs(kwargs)
+
+
 def _check_quant(quant: str | None, kv: str | None, keep, decode) -> None:
     """--quant, --kv and --keep read before the model is imported: a typo costs no analysis."""
     if quant is None and kv is None and not keep:
@@ -206,14 +215,10 @@ def fuse_cmd(
 ) -> None:
     """Fold batch norms into the layers before them (and attention into SDPA), check, save a .pt2."""
     check_arguments(model, input, dtype)
-    from .api import model_dtype
-    from .load.targets import parse_input_spec, parse_kwargs
     from .transform import fuse, output_path
 
     where = _transform_device(measure, device, weights)
-    model_type = model_dtype(dtype)
-    specs = [parse_input_spec(s) for s in input or []]
-    constructor_kwargs = parse_kwargs(kwargs)
+    model_type, specs, constructor_kwargs = _transform_arguments(input, kwargs, dtype)
     with _model_output(as_json):
         target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         path = output or output_path(model)
@@ -254,16 +259,12 @@ def prune_cmd(
     """Cut coupled channel groups by module surgery (smaller weights, not masks), check, save a .pt2."""
     check_arguments(model, input, None)
     _analysis_process()
-    from .api import model_dtype
-    from .load.targets import parse_input_spec, parse_kwargs
     from .prune import kept_channels
 
     where = _transform_device(measure, device, weights)
     if ratio is not None:
         kept_channels(16, ratio)  # a bad ratio fails before anything is built
-    model_type = model_dtype(dtype)
-    specs = [parse_input_spec(s) for s in input or []]
-    constructor_kwargs = parse_kwargs(kwargs)
+    model_type, specs, constructor_kwargs = _transform_arguments(input, kwargs, dtype)
     with _model_output(as_json):
         target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         if list_groups:
@@ -316,14 +317,10 @@ def distill_cmd(
     """Propose a smaller student (fewer blocks, or ShuffleNetV2 units), check it, save it as a trainable .pt2."""
     check_arguments(model, input, None)
     _analysis_process()
-    from .api import model_dtype
     from .distill import distill
-    from .load.targets import parse_input_spec, parse_kwargs
     from .load.targets import output_path
 
-    model_type = model_dtype(dtype)
-    specs = [parse_input_spec(s) for s in input or []]
-    constructor_kwargs = parse_kwargs(kwargs)
+    model_type, specs, constructor_kwargs = _transform_arguments(input, kwargs, dtype)
     with _model_output(as_json):
         target, specs = _target_and_inputs(model, specs, model_type, allow_pickle)
         with _status("distilling"):
@@ -371,12 +368,7 @@ def quantize_cmd(
 
     torchao()  # missing: one line saying what to install, before anything is built
     _analysis_process()
-    from .api import model_dtype
-    from .load.targets import parse_input_spec, parse_kwargs
-
-    model_type = model_dtype(dtype)
-    specs = [parse_input_spec(s) for s in input or []]
-    constructor_kwargs = parse_kwargs(kwargs)
+    model_type, specs, constructor_kwargs = _transform_arguments(input, kwargs, dtype)
     with _model_output(as_json):
         from .quant.apply import quantize
 
