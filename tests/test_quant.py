@@ -268,3 +268,14 @@ def test_markdown_and_html_reports_carry_the_quantization(tmp_path):
     html = report_html(data)
     assert 'id="quant"' in html and "the last layer" in html
     assert "## Quantization" not in report_markdown(archscan.scan("zoo:llama_tiny", ["1,8:int64"], rules=[]).to_json())
+
+
+def test_int4_on_the_cpu_says_which_layout_and_where_the_packed_one_runs(capsys):
+    q = archscan.scan("zoo:llama_tiny", ["1,16:int64"], quant="int4", profile=False, rules=[], recommend=False).quant
+    assert "IntxUnpackedToInt8Tensor" in q["note"] and "--device-profile h100" in q["note"]
+    h100 = archscan.measure.datasheet_profile("h100")
+    assert "note" not in archscan.scan("zoo:llama_tiny", ["1,1:int64"], quant="int4", profile=h100, rules=[],
+                                       recommend=False).quant
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    result = archscan.quantize(model, [(4, 64)], scheme="int4:g32")
+    assert any("IntxUnpackedToInt8Tensor" in note for note in result.notes)

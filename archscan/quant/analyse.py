@@ -17,7 +17,7 @@ from ..errors import ArchscanError
 from ..measure.gpu import kernel_us, node_work, simulate
 from ..measure.predict import predict_node
 from ..results import NodeReport, Report
-from .schemes import Scheme, cannot_use, config, gpu_int4_bytes, int8_bytes, layout_of, torchao, _quiet_import
+from .schemes import INT4_ON_CPU, Scheme, cannot_use, config, gpu_int4_bytes, int8_bytes, layout_of, torchao, _quiet_import
 
 _WEIGHT_CATEGORIES = ("linear", "matmul", "conv", "grouped_conv", "depthwise_conv", "embedding")
 
@@ -281,6 +281,8 @@ def quant_section(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU 
                "quantized": len(chosen), "kept": sum(1 for l in layers if l.kept is not None),
                "bits_per_weight": 8 * stored_params / elements if elements else None,
                "layers": [l.to_json() for l in layers], "before": before, "after": after}
+    if scheme.name == "int4" and gpu is None:
+        section["note"] = INT4_ON_CPU
     if "predicted_ms" in before and after.get("predicted_ms"):
         section["speedup"] = before["predicted_ms"] / after["predicted_ms"]
         if "served_ms" in before and after.get("served_ms"):

@@ -52,7 +52,7 @@ from ..load.recording import output_tensors
 from ..load.targets import InputSpec, ModelTarget, input_specs, output_path, to_target
 from ..units import fmt_bytes
 from .analyse import Layer, plan_layers
-from .schemes import Scheme, _quiet_import, config, layout_of, parse_scheme, torchao
+from .schemes import INT4_ON_CPU, Scheme, _quiet_import, config, layout_of, parse_scheme, torchao
 
 SCHEMA = "archscan.quantize/1"
 STATE_FORMAT = "archscan.quantized-state/1"
@@ -385,7 +385,7 @@ def quantize(target: ModelTarget | nn.Module | str, specs: Sequence[InputSpec] |
             saved = (_save_program(program, path, call, reference, checked, predicted) if program is not None
                      else _save_state(q, model, paths, scheme, target.name, state_path(path), why, call, reference,
                                       checked, predicted))
-    notes = () if weights is not None else (RANDOM_WEIGHTS,)
+    notes = (() if weights is not None else (RANDOM_WEIGHTS,)) + ((INT4_ON_CPU,) if scheme.name == "int4" else ())
     return QuantizeResult(target.name, scheme.label, layout_of(scheme, False), tuple(s.to_json() for s in specs),
                           weights, tuple(layers), per_layer, checked, before, after, saved, plan, notes, program)
 

@@ -112,6 +112,11 @@ def _quiet_import():
             logger.setLevel(level)
 
 
+INT4_ON_CPU = ("int4 here is torchao's CPU layout (IntxUnpackedToInt8Tensor: a byte per weight beside the group "
+               "scales and zero points, more bytes than int8); the packed 4-bit layout (Int4WeightOnlyConfig) needs a "
+               "CUDA GPU and torchao's mslk kernels: --quant int4 --device-profile h100 analyses it")
+
+
 def layout_of(scheme: Scheme, gpu: bool) -> str:
     """The torchao tensor that stores ``scheme`` on the device in question."""
     if scheme.name == "int4":
@@ -174,5 +179,5 @@ def gpu_int4_bytes(out_features: int, in_features: int, group: int, scale_bytes:
             "zero_point": groups * scale_bytes}
 
 
-__all__ = ["GROUPS", "INSTALL", "KV_SCHEMES", "SCHEMES", "Scheme", "cannot_use", "config", "gpu_int4_bytes",
+__all__ = ["GROUPS", "INSTALL", "INT4_ON_CPU", "KV_SCHEMES", "SCHEMES", "Scheme", "cannot_use", "config", "gpu_int4_bytes",
            "int8_bytes", "layout_of", "parse_kv", "parse_scheme", "torchao"]

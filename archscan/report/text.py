@@ -251,6 +251,8 @@ def quant_lines(quant: dict | None) -> list[str]:
                 reasons.setdefault(l["kept"], []).append(l["module"])
             lines.append("kept       " + "; ".join(f"{', '.join(m[:3])}{f' (+{len(m) - 3})' if len(m) > 3 else ''}: {why}"
                                                    for why, m in reasons.items()))
+        if quant.get("note"):
+            lines.append(f"note       {quant['note']}")
         timed = [t for t in (_before_after(before, after, "served_ms", "ms as served"),
                              _before_after(before, after, "predicted_ms", "ms" + (" as written" if "served_ms" in before else "")))
                  if t]
