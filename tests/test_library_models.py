@@ -217,3 +217,23 @@ def test_a_hybrid_state_space_model_gets_a_speed_grid():
     qwen = resolve_target(f"{HF_DECODERS}:tiny_qwen3_next")
     speed = decode_step(qwen, [parse_input_spec("1,1:int64")], 64, profile=h100, grid=True)["kv_cache"]["speed"]
     assert speed["cells"] == [] and "more ops the longer the context" in speed["why"]
+
+
+@pytest.mark.parametrize("name", ["tiny_mixtral", "tiny_phimoe"])
+def test_active_parameters_follow_the_routers_k(name):
+    """Active parameters per token: everything but the experts, plus k of E experts per layer. Mixtral
+    routes with a top-k; PhiMoE's sparsemixer takes two maxes and concatenates them (read as k = 2,
+    not 1)."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_decoders", HF_DECODERS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = getattr(module, name)()
+    config = model.config
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    total = sum(p.numel() for p in model.parameters())
+    active = total - experts + experts * config.num_experts_per_tok // config.num_local_experts
+    report = archscan.scan(model, ["1,16:int64"], rules=[], recommend=False, profile=False)
+    assert report.totals.params == total and report.totals.active_params == active

@@ -1172,14 +1172,29 @@ def expected_experts(experts: int, per_token: int, tokens: int) -> float:
     return experts * (1 - (1 - min(per_token, experts) / experts) ** tokens) if experts else 0.0
 
 
-def topk_routing(func, out: Any) -> tuple[int, int] | None:
-    """(tokens, k) of a top-k's result ([..., k] values and indices): a router choosing k experts
-    for each of the tokens; None for any other op."""
-    if func.overloadpacket is not aten.topk or not isinstance(out, (tuple, list)) or not out:
+def topk_routing(func, out: Any, current: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """(tokens, k) of a router's choice, or None for an op that makes none: a top-k's result ([..., k]
+    values and indices). A router without a top-k (PhiMoE's sparsemixer picks its two experts with a
+    ``max`` each, masking the first, and concatenates the indices) is read from ``current``, the
+    routing so far: before any top-k, a ``max``/``argmax``'s indices are one expert for each of the
+    tokens, and a concatenation of integer [T, k] indices after a routing of the same T tokens
+    picks k."""
+    packet = func.overloadpacket
+    if packet is aten.topk:
+        if not isinstance(out, (tuple, list)) or not out:
+            return None
+        values = out[0]
+        k = int(values.shape[-1]) if values.dim() else 0
+        return (values.numel() // k, k) if k else None
+    if packet in (aten.max, aten.argmax) and current is None:
+        indices = out[1] if isinstance(out, (tuple, list)) and len(out) == 2 else out
+        if isinstance(indices, torch.Tensor) and indices.dtype == torch.int64 and indices.dim() >= 1 and indices.numel():
+            return (indices.numel(), 1)
         return None
-    values = out[0]
-    k = int(values.shape[-1]) if values.dim() else 0
-    return (values.numel() // k, k) if k else None
+    if packet is aten.cat and current is not None and isinstance(out, torch.Tensor) and out.dtype == torch.int64 \
+            and out.dim() == 2 and out.shape[0] == current[0] and out.shape[1] > current[1]:
+        return (int(out.shape[0]), int(out.shape[1]))
+    return None
 
 
 def causal_pairs(queries: int, keys: int) -> int:

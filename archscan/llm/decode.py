@@ -114,7 +114,7 @@ class _StepCosts(TorchDispatchMode):
         out = run_op(func, args, kwargs)
         if func.namespace == "prim":
             return out
-        self.routing = topk_routing(func, out) or self.routing
+        self.routing = topk_routing(func, out, self.routing) or self.routing
         cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
         tensors = tensors_in((args, kwargs))
         self._follow(func, args, kwargs, tensors, out)

@@ -158,7 +158,7 @@ class OpRecorder(TorchDispatchMode):
             return out
         if func is torch.ops.aten._to_copy.default and out is args[0]:
             return out  # a direct run's move between the meta device and the CPU: no op on fake tensors
-        self.routing = topk_routing(func, out) or self.routing
+        self.routing = topk_routing(func, out, self.routing) or self.routing
         cost = cost_op(func, args, kwargs, out, self.weight_keys, self.routing)
         self.record(func, args, kwargs, out, [cost])
         return out

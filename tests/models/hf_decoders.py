@@ -38,3 +38,23 @@ def tiny_qwen3_next():
                                           shared_expert_intermediate_size=64, full_attention_interval=2,
                                           decoder_sparse_step=1)
     return transformers.Qwen3NextForCausalLM(config)
+
+
+def tiny_phimoe():
+    """A 2-layer PhimoeForCausalLM: 8 experts, two per token, chosen by its sparsemixer (two maxes, no top-k)."""
+    import transformers
+
+    config = transformers.PhimoeConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, vocab_size=500, num_local_experts=8, num_experts_per_tok=2,
+                                       max_position_embeddings=512)
+    return transformers.PhimoeForCausalLM(config)
+
+
+def tiny_mixtral():
+    """A 2-layer MixtralForCausalLM: 8 experts, two per token by a top-k router."""
+    import transformers
+
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=500, num_local_experts=8, num_experts_per_tok=2,
+                                        max_position_embeddings=512)
+    return transformers.MixtralForCausalLM(config)
