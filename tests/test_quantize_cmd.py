@@ -27,7 +27,7 @@ pytest.importorskip("torchao")
 from torchao.quantization import quantize_  # noqa: E402
 
 from archscan.quant import parse_scheme  # noqa: E402
-from archscan.quant.schemes import config  # noqa: E402
+from archscan.quant.schemes import INT4_ON_CPU, config  # noqa: E402
 
 HERE = __file__
 
@@ -144,7 +144,8 @@ def test_each_scheme_drift_equals_the_saved_programs(scheme, capsys, tmp_path):
     assert data["schema"] == "archscan.quantize/1" and data["scheme"] == scheme
     # qkv is the first layer the forward runs, head the last: they stay; out, up, down are quantized
     assert quantized(data) == ["out", "up", "down"]
-    assert data["notes"] == []                     # trained (here: given) weights: no random-weights note
+    # trained (here: given) weights: no random-weights note; int4 says which layout the CPU's is
+    assert data["notes"] == ([INT4_ON_CPU] if scheme.startswith("int4") else [])
     model, x = original_and_input("Block", weights)
     program = torch.export.load(path)
     with torch.no_grad():
