@@ -362,9 +362,9 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
                                                                               profile))
     if (budget is not None and spread is None) or what_ifs:
         report = _with_budget(report, budget_model, target, specs, kwargs, dtype, train, budget, what_ifs)
-    variants, layers = None, None
+    variants, kv_ratio = None, 1.0
     if quantize is not None:
-        report, variants, layers = _quant(report, captured.model, quantize, profile, dtype)
+        report, variants, kv_ratio = _quant(report, captured.model, quantize, profile, dtype)
     if decode is not None:
         from .llm.decode import decode_step
 
@@ -373,9 +373,23 @@ def _scan(target, specs, kwargs, dtype, capture_method, name, selected, options,
                           grid=named, others=decode_on, variants=variants)
         report = dataclasses.replace(report, phases=llm["phases"], kv_cache=llm["kv_cache"])
         if quantize is not None:
-            report = dataclasses.replace(report, quant=_quant_decode(report, quantize, dtype))
+            report = dataclasses.replace(report, quant=_quant_decode(report, quantize["kv"], kv_ratio))
     report = _advise(report, selected, profile, advise, build)  # last: rules read measurements
     return _verify_fusion(report, target, specs, kwargs, dtype, options) if advise and options is not None else report
+
+
+def _timed_gpu(profile):
+    """The named GPU a question is timed on: the profile's, else the execution model's where it is a
+    GPU with datasheet figures; None for the CPU."""
+    from .devices.gpus import gpu as named_gpu
+    from .measure.gpu import gpu_of
+    from .memory.gpu import current
+
+    gpu = gpu_of(profile) if profile else None
+    if gpu is None and current().is_gpu:
+        found = named_gpu(current().name)
+        gpu = found if found is not None and found.bf16_tflops is not None else None
+    return gpu
 
 
 def _quant_options(quant, kv, keep, decode, spread, train=None) -> dict | None:
@@ -398,32 +412,27 @@ def _quant_options(quant, kv, keep, decode, spread, train=None) -> dict | None:
 
 
 def _quant(report: Report, model, quantize: dict, profile, dtype):
-    """(the report with ``quant``, the decode step's variant, the layers) for ``scan(quant=...)``."""
-    from .measure.gpu import gpu_of
-    from .memory.gpu import current
-    from .devices.gpus import gpu as named_gpu
-    from .quant import decode_variant, quant_section
+    """(the report with ``quant``, the decode step's variants, the KV cache's bytes per element as
+    quantized over as held) for ``scan(quant=..., kv=...)``."""
+    from .quant import decode_variant, plan_layers, quant_section, quantized
 
-    gpu = gpu_of(profile) if profile else None
-    if gpu is None and current().is_gpu:
-        found = named_gpu(current().name)
-        gpu = found if found is not None and found.bf16_tflops is not None else None
-    scheme, section, layers = quantize["scheme"], None, {}
+    scheme, chosen = quantize["scheme"], {}
     if scheme is not None:
-        section = quant_section(model, report, scheme, gpu=gpu, profile=profile, keep=quantize["keep"])
-        layers = {l["module"]: (l["weight_bytes"], l["stored_bytes"]) for l in section["layers"] if "kept" not in l}
+        gpu = _timed_gpu(profile)
+        layers = plan_layers(model, report, scheme, gpu=gpu, profile=profile, keep=quantize["keep"])
+        report = dataclasses.replace(report, quant=quant_section(model, report, scheme, gpu=gpu, profile=profile,
+                                                                 layers=layers))
+        chosen = quantized(layers)
     kv_ratio = 1.0
     if quantize["kv"] is not None:
         from .quant import KV_SCHEMES
 
         held = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype or torch.float32)
         kv_ratio = KV_SCHEMES[quantize["kv"]] / torch.empty((), dtype=dtype or held).element_size()
-    variant = decode_variant(layers, scheme, kv_ratio)
-    quantize["kv_ratio"] = kv_ratio
-    return (dataclasses.replace(report, quant=section) if section is not None else report), {"quantized": variant}, layers
+    return report, {"quantized": decode_variant(chosen, scheme, kv_ratio)}, kv_ratio
 
 
-def _quant_decode(report: Report, quantize: dict, dtype) -> dict:
+def _quant_decode(report: Report, kv: str | None, kv_ratio: float) -> dict:
     """``report.quant`` with the decode step before and after, and the KV cache per token."""
     section = dict(report.quant or {"scheme": None})
     step = report.phases["decode"]
@@ -434,10 +443,10 @@ def _quant_decode(report: Report, quantize: dict, dtype) -> dict:
     for key, name in (("tokens_per_s", "speedup"), ("served_tokens_per_s", "served_speedup")):
         if before.get(key) and after.get(key):
             section["decode"][name] = after[key] / before[key]
-    if quantize["kv"] is not None:
+    if kv is not None:
         per_token = report.kv_cache["bytes_per_token"]
-        section["kv"] = {"scheme": quantize["kv"], "bytes_per_token": per_token,
-                         "bytes_per_token_after": round(per_token * quantize["kv_ratio"]),
+        section["kv"] = {"scheme": kv, "bytes_per_token": per_token,
+                         "bytes_per_token_after": round(per_token * kv_ratio),
                          "convention": "one byte an element; a scale per tensor, negligible"}
     return section
 
@@ -445,16 +454,10 @@ def _quant_decode(report: Report, quantize: dict, dtype) -> dict:
 def _parallel_section(target, specs, kwargs, dtype, train: TrainOptions, spread: dict, profile, budget) -> dict:
     """``report.parallel``: the step over the mesh, timed on the GPU of ``profile`` or of the
     execution model, the budget counted as the execution model counts it."""
-    from .devices.gpus import gpu as named_gpu
-    from .measure.gpu import gpu_of
     from .memory import budget as mb
-    from .memory.gpu import current
     from .parallel import analyse
 
-    gpu = gpu_of(profile) if profile else None
-    if gpu is None and current().is_gpu:
-        found = named_gpu(current().name)
-        gpu = found if found is not None and found.bf16_tflops is not None else None
+    gpu = _timed_gpu(profile)
     limit = None
     if budget is not None:
         budget, limit, _ = mb.on_execution(budget)

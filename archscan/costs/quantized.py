@@ -134,7 +134,7 @@ def stored_nbytes(t: torch.Tensor) -> int:
     recursively); a quantized tensor's int8 values with its scales and zero points; any other
     tensor its elements at its dtype."""
     if is_traceable_wrapper_subclass(t):
-        return sum(s.nbytes() for s in _inner_storages(t).values())
+        return storages_nbytes([t])
     if t.is_quantized:
         if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric,
                            torch.per_channel_affine_float_qparams):
@@ -145,21 +145,42 @@ def stored_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors a tensor subclass is made of (``__tensor_flatten__``, recursively); [t]
-    for a plain tensor."""
+def activation_quantize(elements: int, element_size: int, rows: int) -> tuple[int, int, int]:
+    """(element ops, bytes read, bytes written) of the kernel that quantizes a dynamic-activation
+    GEMM's [rows, K] input: it reads the activations and writes them one byte each, with a float32
+    scale per row (torchao's w8a8; ``registry.subclass_linear_costs`` and ``archscan.quant`` both
+    count it so)."""
+    return 2 * elements, elements * element_size, elements + 4 * rows
+
+
+def inner_named(t: torch.Tensor, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(name, plain tensor) of what a tensor subclass is made of (``__tensor_flatten__``,
+    recursively, nested names joined with '.': 'qdata', 'scale', 'zero_point'); [(prefix, t)] for a
+    plain tensor."""
     if not is_traceable_wrapper_subclass(t):
-        return [t]
+        return [(prefix, t)]
     names, _ = t.__tensor_flatten__()
-    return [inner for name in names for inner in inner_tensors(getattr(t, name))]
+    return [inner for name in names for inner in inner_named(getattr(t, name), f"{prefix}.{name}" if prefix else name)]
 
 
-def _inner_storages(t: torch.Tensor) -> dict:
-    out: dict = {}
-    for inner in inner_tensors(t):
-        storage = inner.untyped_storage()
-        out.setdefault(id(storage) if inner.is_meta else storage._cdata, storage)
-    return out
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a tensor subclass is made of (``inner_named``); [t] for a plain tensor."""
+    return [inner for _, inner in inner_named(t)]
+
+
+def storage_id(t: torch.Tensor):
+    """One key per storage (a meta tensor's storage has no address: its object stands for it)."""
+    storage = t.untyped_storage()
+    return id(storage) if t.is_meta else storage._cdata
+
+
+def storages_nbytes(tensors) -> int:
+    """The bytes of the storages of ``tensors`` and of their subclasses' inner tensors, each storage once."""
+    seen: dict = {}
+    for t in tensors:
+        for inner in inner_tensors(t):
+            seen.setdefault(storage_id(inner), inner.untyped_storage().nbytes())
+    return sum(seen.values())
 
 
 def stored_dtype(t: torch.Tensor) -> str | None:

@@ -46,7 +46,8 @@ import torch
 from torch.utils.flop_counter import flop_registry as _torch_flop_registry
 
 from ..results import CATEGORIES
-from .quantized import (Packed, int_mm_flops, is_packed, packed, quantized_conv_flops, quantized_linear_flops,
+from .quantized import (Packed, activation_quantize, int_mm_flops, is_packed, packed, quantized_conv_flops,
+                        quantized_linear_flops,
                         quantized_rnn_flops, quantizes_activations, real_object, stored_dtype, stored_nbytes)
 
 aten = torch.ops.aten
@@ -1037,8 +1038,8 @@ def subclass_linear_costs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
                        attrs=attrs)]
     quantized = x.numel()  # one byte each, and a float32 scale per row
     compute = "float8_e4m3fn" if "float8" in (attrs["weight_dtype"] or "") else "int8"
-    quantize = OpCost(f"{name.partition('.')[0]}.quantize_activations", "elementwise", 0, 2 * x.numel(),
-                      _nbytes(x), quantized + 4 * rows)
+    quantize = OpCost(f"{name.partition('.')[0]}.quantize_activations", "elementwise", 0,
+                      *activation_quantize(x.numel(), x.element_size(), rows))
     gemm = OpCost(name, "linear", flops, 0, quantized + stored + bias_bytes, _nbytes(out), weight_read,
                   attrs={**attrs, "compute_dtype": compute})
     return [quantize, gemm]

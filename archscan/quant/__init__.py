@@ -17,8 +17,8 @@ the KV cache quantized too.
   weight-only dequantizes the whole weight to the activations' dtype before a plain GEMM.)
 """
 
-from .analyse import Layer, decode_variant, inner_bytes, plan_layers, quant_section, rewrite, times
+from .analyse import Layer, decode_variant, inner_bytes, plan_layers, quant_section, quantized, rewrite, times
 from .schemes import INSTALL, KV_SCHEMES, SCHEMES, Scheme, parse_kv, parse_scheme, torchao
 
 __all__ = ["INSTALL", "KV_SCHEMES", "Layer", "SCHEMES", "Scheme", "decode_variant", "inner_bytes", "parse_kv",
-           "parse_scheme", "plan_layers", "quant_section", "rewrite", "times", "torchao"]
+           "parse_scheme", "plan_layers", "quant_section", "quantized", "rewrite", "times", "torchao"]

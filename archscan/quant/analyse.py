@@ -12,11 +12,13 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
+from ..costs import activation_quantize, inner_named, storage_id
 from ..devices.gpus import GPU
 from ..errors import ArchscanError
 from ..measure.gpu import kernel_us, node_work, simulate
 from ..measure.predict import predict_node
 from ..results import NodeReport, Report
+from ..rules.context import dtype_size
 from .schemes import INT4_ON_CPU, Scheme, cannot_use, config, gpu_int4_bytes, int8_bytes, layout_of, torchao, _quiet_import
 
 _WEIGHT_CATEGORIES = ("linear", "matmul", "conv", "grouped_conv", "depthwise_conv", "embedding")
@@ -42,13 +44,6 @@ class Layer:
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
         return {k: v for k, v in out.items() if v is not None}
-
-
-def meta_model(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
-    """``model`` (built on the meta device) in the scan's dtype."""
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
 
 
 def _forward_order(report: Report) -> list[str]:
@@ -173,24 +168,14 @@ def _layer_copy(linear: nn.Linear) -> nn.Linear:
 
 
 def inner_bytes(t: torch.Tensor) -> dict:
-    """{inner tensor name: bytes} of a tensor subclass (``__tensor_flatten__``, recursively), each
-    storage once; a plain tensor as {'data': its bytes}."""
+    """{inner tensor name: bytes} of a tensor subclass (``costs.inner_named``), each storage once; a
+    plain tensor as {'data': its bytes}."""
     out: dict[str, int] = {}
     seen: set = set()
-
-    def walk(x: torch.Tensor, prefix: str) -> None:
-        if type(x) is not torch.Tensor and type(x) is not nn.Parameter and hasattr(x, "__tensor_flatten__"):
-            names, _ = x.__tensor_flatten__()
-            for name in names:
-                walk(getattr(x, name), f"{prefix}{name}")
-            return
-        key = (x.untyped_storage().data_ptr(), x.device.type, id(x.untyped_storage())) if not x.is_meta else id(x)
-        if key in seen:
-            return
-        seen.add(key)
-        out[prefix or "data"] = out.get(prefix or "data", 0) + x.untyped_storage().nbytes()
-
-    walk(t.data if isinstance(t, nn.Parameter) and type(t.data) is not torch.Tensor else t, "")
+    for name, inner in inner_named(t):
+        if storage_id(inner) not in seen:
+            seen.add(storage_id(inner))
+            out[name or "data"] = out.get(name or "data", 0) + inner.untyped_storage().nbytes()
     return out
 
 
@@ -219,15 +204,12 @@ def rewrite(nodes: Sequence[NodeReport], layers: dict[str, tuple[int, int]], sch
             out.append(dataclasses.replace(n, weight_bytes=weight, read_bytes=n.read_bytes - saved,
                                            mac_bytes=n.mac_bytes - saved, attrs=attrs))
             continue
-        size = torch.empty((), dtype=getattr(torch, n.dtype or "float32")).element_size() if n.dtype else 4
-        activations = max(n.read_bytes - n.weight_bytes, 0)
-        elements = activations // size
-        rows = elements // max(found_k(n), 1)
+        elements = max(n.read_bytes - n.weight_bytes, 0) // dtype_size(n.dtype)
+        elem_ops, read, write = activation_quantize(elements, dtype_size(n.dtype), elements // max(found_k(n), 1))
         gemm_read = weight + elements
         out.append(dataclasses.replace(n, name=f"{n.name}.quantize_activations", op="torchao.quantize_affine",
-                                       category="elementwise", flops=0, elem_ops=2 * elements,
-                                       read_bytes=activations, write_bytes=elements + 4 * rows,
-                                       mac_bytes=activations + elements + 4 * rows, weight_bytes=0, params=0,
+                                       category="elementwise", flops=0, elem_ops=elem_ops, read_bytes=read,
+                                       write_bytes=write, mac_bytes=read + write, weight_bytes=0, params=0,
                                        aten_ops=("torchao.quantize_affine",), attrs={"quant": scheme.label},
                                        latency_ms=None, predicted_ms=None))
         out.append(dataclasses.replace(n, dtype=scheme.compute_dtype, weight_bytes=weight, read_bytes=gemm_read,
@@ -259,12 +241,17 @@ def _totals(nodes: Sequence[NodeReport], param_bytes: int, gpu: GPU | None, prof
             **times(nodes, gpu, profile)}
 
 
+def quantized(layers: Sequence[Layer]) -> dict[str, tuple[int, int]]:
+    """The layers quantized: module path -> (weight bytes as held, bytes as stored), as ``rewrite`` takes them."""
+    return {l.module: (l.weight_bytes, l.stored_bytes) for l in layers if l.kept is None}
+
+
 def quant_section(model: nn.Module, report: Report, scheme: Scheme, *, gpu: GPU | None = None, profile=None,
                   keep: Sequence[str] = (), layers: list[Layer] | None = None) -> dict:
     """``report.quant``: the layers, quantized and kept, the bytes as stored, and the forward's
     totals and predicted time before and after."""
     layers = plan_layers(model, report, scheme, gpu=gpu, profile=profile, keep=keep) if layers is None else layers
-    chosen = {l.module: (l.weight_bytes, l.stored_bytes) for l in layers if l.kept is None}
+    chosen = quantized(layers)
     if not any(l.kept is None or not l.kept.startswith(_NOT_TAKEN) for l in layers):
         raise ArchscanError(f"{report.model} has nothing to quantize as {scheme.label}: "
                             + ("it has no nn.Linear layer (torchao's configs quantize nn.Linear only)" if not layers
@@ -305,18 +292,14 @@ def not_linear(model: nn.Module) -> dict:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
 
 
-def decode_variant(layers: Sequence[Layer] | dict, scheme: Scheme | None, kv_ratio: float = 1.0) -> Callable:
-    """The decode step's nodes rewritten as the quantized model (and cache) run them, for
-    ``archscan.llm.decode.decode_step(variants=...)``."""
-    chosen = layers if isinstance(layers, dict) else {l.module: (l.weight_bytes, l.stored_bytes)
-                                                      for l in layers if l.kept is None}
+def decode_variant(chosen: dict[str, tuple[int, int]], scheme: Scheme | None, kv_ratio: float = 1.0) -> Callable:
+    """The decode step's nodes rewritten as the quantized model (``chosen``: ``quantized``'s layers)
+    and cache run them, for ``archscan.llm.decode.decode_step(variants=...)``."""
 
     def variant(nodes: Sequence[NodeReport], kv: Sequence[int]) -> list[NodeReport]:
-        if scheme is None:
-            return rewrite(nodes, {}, Scheme("int8"), kv, kv_ratio)
-        return rewrite(nodes, chosen, scheme, kv, kv_ratio)
+        return rewrite(nodes, chosen, scheme or Scheme("int8"), kv, kv_ratio)  # no scheme: no layer, the cache alone
 
     return variant
 
 
-__all__ = ["Layer", "decode_variant", "inner_bytes", "meta_model", "plan_layers", "quant_section", "rewrite", "times"]
+__all__ = ["Layer", "decode_variant", "inner_bytes", "plan_layers", "quant_section", "quantized", "rewrite", "times"]

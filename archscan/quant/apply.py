@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from ..analysis import analysis
 from ..capture import capture_context
+from ..costs import storages_nbytes
 from ..errors import ArchscanError, CaptureError, VerifyError
 from ..files import check_writable, write_file
 from ..isolation import isolated
@@ -235,22 +236,7 @@ def param_bytes(model: nn.Module) -> int:
 
 def stored_bytes(tensors: Sequence[torch.Tensor]) -> int:
     """The bytes of ``tensors`` as stored: a torchao weight's inner storages, each storage once."""
-    seen: set = set()
-    total = 0
-    for t in tensors:
-        for leaf in _leaves(t.data if isinstance(t, nn.Parameter) else t):
-            key = (leaf.untyped_storage().data_ptr(), leaf.device.type)
-            if key not in seen:
-                seen.add(key)
-                total += leaf.untyped_storage().nbytes()
-    return total
-
-
-def _leaves(t: torch.Tensor) -> list[torch.Tensor]:
-    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return [leaf for n in names for leaf in _leaves(getattr(t, n))]
-    return [t]
+    return storages_nbytes(tensors)
 
 
 def _check_budget(budget: int, layers: Sequence[Layer], before: int, scheme: Scheme) -> None:

@@ -17,7 +17,7 @@ import shlex
 
 from ..errors import ArchscanError
 from ..measure.gpu import gpu_of
-from ..quant.analyse import plan_layers, rewrite, times
+from ..quant.analyse import plan_layers, quantized, rewrite, times
 from ..quant.schemes import Scheme
 from ..results import Recommendation
 from ..units import fmt_bytes
@@ -36,7 +36,7 @@ def quantize_recommendations(ctx) -> list[Recommendation]:
         layers = plan_layers(ctx.model, report, scheme, gpu=gpu, profile=ctx.profile, formula=True)
     except ArchscanError:
         return []
-    chosen = {l.module: (l.weight_bytes, l.stored_bytes) for l in layers if l.kept is None}
+    chosen = quantized(layers)
     if not chosen:
         return []
     after = rewrite(report.nodes, chosen, scheme)
