@@ -219,11 +219,12 @@ def test_a_hybrid_state_space_model_gets_a_speed_grid():
     assert speed["cells"] == [] and "more ops the longer the context" in speed["why"]
 
 
-@pytest.mark.parametrize("name", ["tiny_mixtral", "tiny_phimoe"])
+@pytest.mark.parametrize("name", ["tiny_mixtral", "tiny_phimoe", "tiny_gpt_oss", "tiny_llama4"])
 def test_active_parameters_follow_the_routers_k(name):
     """Active parameters per token: everything but the experts, plus k of E experts per layer. Mixtral
     routes with a top-k; PhiMoE's sparsemixer takes two maxes and concatenates them (read as k = 2,
-    not 1)."""
+    not 1); GPT-OSS gathers its per-expert biases by the routed rows' expert ids (k of E rows active);
+    Llama-4 runs every expert on every token, and still uses k of E per token."""
     pytest.importorskip("transformers")
     import importlib.util
 
@@ -237,3 +238,26 @@ def test_active_parameters_follow_the_routers_k(name):
     active = total - experts + experts * config.num_experts_per_tok // config.num_local_experts
     report = archscan.scan(model, ["1,16:int64"], rules=[], recommend=False, profile=False)
     assert report.totals.params == total and report.totals.active_params == active
+
+
+def test_experts_run_on_every_token_are_named():
+    """Llama-4's code runs all E experts on every token: its expert GEMMs count as written (by hand:
+    T·E·(h·2I + I·h) per layer), the dense-experts finding names E/k times the routed work, and a
+    top-k MoE that routes (Mixtral) has no such finding."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_decoders", HF_DECODERS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.tiny_llama4()
+    c = model.config
+    tokens, e, k, h, inter = 16, c.num_local_experts, c.num_experts_per_tok, c.hidden_size, c.intermediate_size
+    report = archscan.scan(model, [f"1,{tokens}:int64"], recommend=False, profile=False)
+    (finding,) = [f for f in report.findings if f.rule == "dense-experts"]
+    written = c.num_hidden_layers * tokens * e * (h * 2 * inter + inter * h)
+    assert finding.evidence["expert_flops"] == written
+    assert finding.evidence["routed_flops"] == written * k // e and finding.saving["flops"] == written - written * k // e
+    assert f"{e // k}.0x" in finding.message
+    mixtral = archscan.scan(module.tiny_mixtral(), [f"1,{tokens}:int64"], recommend=False, profile=False)
+    assert not [f for f in mixtral.findings if f.rule == "dense-experts"]

@@ -149,11 +149,38 @@ def test_no_grad():
     assert findings(model.eval(), [(1, 4)], "no-grad") == ()
 
 
+class DenseMoE(nn.Module):
+    """Every expert on every token, the top-k router's scores zero for the rest (Llama-4's layout)."""
+
+    def __init__(self, h=16, n=32, experts=4, k=1):
+        super().__init__()
+        self.router, self.k = nn.Linear(h, experts, bias=False), k
+        self.experts = nn.Parameter(torch.randn(experts, h, n))
+
+    def forward(self, x):  # [T, h]
+        logits = self.router(x)
+        top, idx = torch.topk(logits, self.k, dim=1)
+        scores = torch.full_like(logits, float("-inf")).scatter_(1, idx, top).sigmoid()
+        rows = x.repeat(logits.shape[1], 1) * scores.t().reshape(-1, 1)
+        return torch.bmm(rows.view(logits.shape[1], x.shape[0], -1), self.experts).sum(0)
+
+
+def test_dense_experts():
+    """Experts run on every token: E·T·h·n multiply-adds where routing k of E needs k/E of them."""
+    (f,) = findings(DenseMoE(), [(8, 16)], "dense-experts")
+    assert f.evidence["expert_flops"] == 4 * 8 * 16 * 32 and f.evidence["routed_flops"] == 8 * 16 * 32
+    assert "4.0x" in f.message
+    report = archscan.scan(DenseMoE(), [(8, 16)], recommend=False)
+    assert report.totals.active_params == report.totals.params - 3 * 16 * 32
+    dense = nn.Sequential(nn.Linear(16, 16))  # no router: a batched product of weights is not a mixture
+    assert findings(dense, [(8, 16)], "dense-experts") == ()
+
+
 def test_every_rule_has_a_test():
     tested = {"G1", "G2", "G3", "G4", "fuse-conv-bn", "reparameterize",  # reparameterize: tests/test_reparam.py
               "host-sync", "host-tensor", "unused-module", "inplace",
               "low-precision", "channel-align", "channels-last", "no-grad", "batch-size", "input-transfer",
-              "decode-context"}
+              "decode-context", "dense-experts"}
     assert set(RULES) == tested
 
 

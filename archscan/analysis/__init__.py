@@ -131,6 +131,8 @@ def _merge_attrs(costs: NodeCosts) -> dict:
     attrs = next((dict(c.attrs) for c in costs.ops if c.attrs), {})
     if any("idle_expert_params" in c.attrs for c in costs.ops):  # every grouped expert GEMM of the node
         attrs["idle_expert_params"] = sum(c.attrs.get("idle_expert_params", 0) for c in costs.ops)
+    if any("routed_flops" in c.attrs for c in costs.ops):  # experts run on every token: what routing needs
+        attrs["routed_flops"] = sum(c.attrs.get("routed_flops", c.flops) for c in costs.ops)
     if any("executed_flops" in c.attrs for c in costs.ops):  # causal attention: the pairs it computes
         attrs["executed_flops"] = sum(c.attrs.get("executed_flops", c.flops) for c in costs.ops)
     by_category: Counter = Counter()

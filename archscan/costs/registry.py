@@ -1167,6 +1167,37 @@ def expert_reads(rows: torch.Tensor, experts: torch.Tensor, routing: tuple[int, 
             "expert_bytes_read": round(expected * per_expert), "expert_bytes_worst_case": min(e, r) * per_expert}
 
 
+def _routed_table(table: torch.Tensor, indices: Sequence[torch.Tensor], routing: tuple[int, int] | None) -> dict:
+    """A weight of one row per expert gathered by the routed rows' expert ids (GPT-OSS's per-expert
+    biases: ``bias[expert_ids]``, [E, N] read for the R = T·k routed rows) leaves E − k of its rows
+    idle for one token, as the experts' own weights do: ``{"idle_expert_params"}``; {} for any
+    other gather (an embedding read by token ids, a table read before any router)."""
+    if not routing or routing[1] < 1 or table.dim() < 2 or len(indices) != 1:
+        return {}
+    tokens, k = routing
+    (ids,) = indices
+    experts = int(table.shape[0])
+    if ids.dim() != 1 or ids.is_floating_point() or int(ids.numel()) != tokens * k or experts <= k:
+        return {}
+    return {"idle_expert_params": table.numel() * (experts - k) // experts}
+
+
+def _dense_experts(rows: torch.Tensor, experts: torch.Tensor, routing: tuple[int, int]) -> dict:
+    """Experts run on every token as written (Hugging Face's Llama-4: every token's row repeated for
+    each of the E experts, [E, T, K] against [E, K, N] expert weights, the router's top-k only
+    scaling them): one token needs k of them. ``{"dense_experts": E, "experts_per_token": k,
+    "idle_expert_params"}`` (and ``routed_flops`` once the multiply-adds are known); {} for a
+    batched product of another shape."""
+    tokens, k = routing
+    if experts.dim() != 3 or rows.dim() != 3 or k < 1:
+        return {}
+    e = int(experts.shape[0])
+    if int(rows.shape[0]) != e or int(rows.shape[1]) != tokens or e <= k:
+        return {}
+    return {"dense_experts": e, "experts_per_token": k, "tokens": tokens,
+            "idle_expert_params": experts.numel() * (e - k) // e}
+
+
 def expected_experts(experts: int, per_token: int, tokens: int) -> float:
     """Experts read by ``tokens`` tokens each picking ``per_token`` distinct ones uniformly (balanced
     routing): E·(1 − (1 − k/E)^T)."""
@@ -1333,6 +1364,7 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         read = sum(_nbytes(t) for t in ins if not t.is_floating_point()) + gathered
         if storage_key(ins[0]) in weight_keys:
             weight = gathered
+            attrs = _routed_table(ins[0], ins[1:], routing)
     elif packet not in _NO_WRITE and category != "factory":
         seen = set()
         for t in (ins[1:2] if packet is aten.copy_ else ins):
@@ -1351,6 +1383,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         read -= _nbytes(args[1]) - attrs["expert_bytes_read"]
         if storage_key(args[1]) in weight_keys:
             weight -= _nbytes(args[1]) - attrs["expert_bytes_read"]
+    elif packet is aten.bmm and routing and len(args) > 1 and storage_key(args[1]) in weight_keys:
+        attrs = _dense_experts(args[0], args[1], routing)
 
     if key in _PACKED_OPS:  # torch.ao's quantized layers: the packed weights they read, at their bytes as stored
         for found in (packed(obj) for obj in _packed_reads(args)):
@@ -1363,6 +1397,8 @@ def cost_op(func, args: tuple, kwargs: dict, out: Any, weight_keys: frozenset | 
         flops *= COMPLEX_MULTIPLY_ADDS  # real multiply-adds of complex operands (see "Complex data and FFTs")
     if category == "attention" and flops:
         attrs = _causal_attrs(func, args, kwargs, flops)
+    if "dense_experts" in attrs:
+        attrs["routed_flops"] = flops * attrs["experts_per_token"] // attrs["dense_experts"]
     if key in _ATTRS:
         attrs = {**_ATTRS[key](args), **attrs}
         category = _conv_category(attrs)

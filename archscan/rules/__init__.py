@@ -34,6 +34,7 @@ RULES: dict[str, Check] = {
     "batch-size": hygiene.check_batch_size,          # needs --measure --sweep
     "input-transfer": hygiene.check_input_transfer,  # needs --measure --sweep on a GPU
     "decode-context": hygiene.check_decode_context,  # needs --decode
+    "dense-experts": hygiene.check_dense_experts,
 }
 
 SEVERITIES = ("info", "warning", "error")

@@ -410,3 +410,27 @@ def check_decode_context(ctx: RuleContext) -> list[Finding]:
              "what they produce"),
         source=at[0] if at else None,
     )]
+
+
+def check_dense_experts(ctx: RuleContext) -> list[Finding]:
+    """A mixture of experts whose code runs every expert on every token (the router's top-k only
+    scales their outputs, most by zero): E/k times the multiply-adds routing needs."""
+    dense = [n for n in ctx.report.nodes if "dense_experts" in n.attrs and n.flops]
+    if not dense:
+        return []
+    flops = sum(n.flops for n in dense)
+    routed = sum(n.attrs["routed_flops"] for n in dense)
+    e, k = dense[0].attrs["dense_experts"], dense[0].attrs["experts_per_token"]
+    return [Finding(
+        rule="dense-experts", severity="warning", module=_where(dense),
+        message=(f"every expert runs on every token as written: {fmt_count(flops)} multiply-adds in {len(dense)} expert "
+                 f"GEMM(s) where routing {k} of {e} experts per token needs {fmt_count(routed)} "
+                 f"({flops / max(routed, 1):.1f}x; {100 * flops / max(ctx.report.totals.flops, 1):.0f}% of the model's)"),
+        evidence={"expert_flops": flops, "routed_flops": routed, "experts": e, "experts_per_token": k,
+                  "gemms": [n.name for n in dense[:_SHOW]]},
+        saving={"flops": flops - routed},
+        fix=("send each token to its k experts only: sort the routed rows by expert and run one grouped GEMM "
+             "(torch._grouped_mm, as Hugging Face's grouped_mm experts implementation does), or serve with a "
+             "MoE kernel (vLLM, SGLang)"),
+        source=dense[0].source,
+    )]

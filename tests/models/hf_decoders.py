@@ -58,3 +58,26 @@ def tiny_mixtral():
                                         num_key_value_heads=2, vocab_size=500, num_local_experts=8, num_experts_per_tok=2,
                                         max_position_embeddings=512)
     return transformers.MixtralForCausalLM(config)
+
+
+def tiny_gpt_oss():
+    """A 2-layer GptOssForCausalLM: 8 experts with biases, two per token by a top-k router."""
+    import transformers
+
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, vocab_size=500, num_local_experts=8,
+                                       num_experts_per_tok=2, max_position_embeddings=512, sliding_window=8,
+                                       layer_types=["sliding_attention", "full_attention"])
+    return transformers.GptOssForCausalLM(config)
+
+
+def tiny_llama4():
+    """A 2-layer Llama4ForCausalLM, both layers mixtures of 8 experts with one per token, which its code runs on every
+    token (each expert's rows scaled by the router's scores, zero for the seven not chosen)."""
+    import transformers
+
+    config = transformers.Llama4TextConfig(hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           vocab_size=500, num_local_experts=8, num_experts_per_tok=1,
+                                           interleave_moe_layer_step=1, max_position_embeddings=512)
+    return transformers.Llama4ForCausalLM(config)
