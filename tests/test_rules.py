@@ -247,6 +247,59 @@ def test_blocks_from_fork_join_regions_when_there_are_no_module_units():
 
 
 
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "shufflenet_v2_x1_0", "shufflenet_v1_g3_x1_0", "vit_b_16"])
+def test_block_fragmentation_equals_networkx(name):
+    """Each block's fragments, longest chain and width (fragments less a maximum matching of the
+    reachability relation, Dilworth) against networkx's descendants, topological order and
+    Hopcroft-Karp matching on the same nodes."""
+    import networkx as nx
+
+    from archscan.graph import FRAGMENT_CATEGORIES, data_flow, find_blocks, to_networkx
+
+    report = archscan.scan(f"zoo:{name}", [(1, 3, 224, 224)], rules=[], recommend=False)
+    g = to_networkx(data_flow(report))
+    blocks = find_blocks(report)
+    assert blocks and any(b.parallel > 1 or b.series > 1 for b in blocks) or name == "vit_b_16"
+    for b in blocks:
+        frags = [n for n in b.nodes if g.nodes[n]["category"] in FRAGMENT_CATEGORIES]
+        sub = g.subgraph(b.nodes)
+        reach = {f: nx.descendants(sub, f) & set(frags) for f in frags}
+        longest = {f: 1 for f in frags}
+        for f in (n for n in nx.topological_sort(sub) if n in reach):
+            for h in reach[f]:
+                longest[h] = max(longest[h], longest[f] + 1)
+        bip = nx.Graph()
+        bip.add_nodes_from(("a", f) for f in frags)
+        bip.add_nodes_from(("b", f) for f in frags)
+        bip.add_edges_from((("a", f), ("b", h)) for f in frags for h in reach[f])
+        matched = len(nx.bipartite.hopcroft_karp_matching(bip, top_nodes=[("a", f) for f in frags])) // 2
+        expected = (len(frags), max(longest.values()), len(frags) - matched) if frags else (0, 0, 0)
+        assert (b.fragments, b.series, b.parallel) == expected, b.name
+
+
+def test_matching_equals_hopcroft_karp_on_random_orders():
+    """The width's maximum matching on random reachability relations (long augmenting paths
+    included) equals networkx's Hopcroft-Karp."""
+    import random
+
+    import networkx as nx
+
+    from archscan.graph import _matching_size
+
+    rng = random.Random(0)
+    for trial in range(200):
+        n = rng.randint(1, 60)
+        p = rng.choice([0.02, 0.1, 0.3, 0.7])
+        left = [str(i) for i in range(n)]
+        edges = {str(i): [str(j) for j in range(i + 1, n) if rng.random() < p] for i in range(n)}
+        bip = nx.Graph()
+        bip.add_nodes_from(("a", u) for u in left)
+        bip.add_nodes_from(("b", u) for u in left)
+        bip.add_edges_from((("a", u), ("b", v)) for u in left for v in edges[u])
+        expected = len(nx.bipartite.hopcroft_karp_matching(bip, top_nodes=[("a", u) for u in left])) // 2
+        assert _matching_size(left, edges) == expected, trial
+
+
 class InceptionBlock(nn.Module):
     """A model that is one inception-like block: the input x forks into four branches, joined by cat."""
 

@@ -144,8 +144,10 @@ print(code, "torch" in sys.modules, "networkx" in sys.modules)
 
 
 def test_a_scan_command_imports_only_what_it_uses():
-    """The console's main job loads no compiler stack, no plotting, no transforms, no numpy.ma and,
-    with the typer versions pyproject allows, no pydantic (typer 0.29 converts options through it)."""
+    """The console's main job loads no compiler stack, no plotting, no transforms, no numpy.ma, no
+    networkx for a model of module units (its import is a tenth of a second; fork/join regions use
+    it) and, with the typer versions pyproject allows, no pydantic (typer 0.29 converts options
+    through it)."""
     out = _python("""
 import io, json, sys, contextlib
 sys.argv = ["archscan", "zoo:mobilenet_v2", "--input", "1,3,64,64", "--json"]
@@ -156,7 +158,7 @@ with contextlib.redirect_stdout(io.StringIO()) as text:
 import typer
 assert code == 0 and json.loads(text.getvalue())["recommendations"]
 print(json.dumps({"typer": typer.__version__, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in
-      ("pydantic", "matplotlib", "sympy") or m in ("numpy.ma", "archscan.transform", "torch._dynamo.eval_frame"))}))
+      ("pydantic", "matplotlib", "sympy", "networkx") or m in ("numpy.ma", "archscan.transform", "torch._dynamo.eval_frame"))}))
 """)
     result = json.loads(out.splitlines()[-1])
     typer_version = tuple(int(p) for p in result["typer"].split(".")[:2])

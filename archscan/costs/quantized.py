@@ -56,7 +56,10 @@ def real_object(obj: Any) -> Any:
 
 def is_packed(obj: Any) -> bool:
     """A torch.ao packed-parameters object (linear, convolution, an RNN cell's)?"""
-    obj = real_object(obj)
+    if not isinstance(obj, torch.ScriptObject):
+        if type(obj).__name__ != "FakeScriptObject":  # a module's every attribute is asked: the common case is quick
+            return False
+        obj = real_object(obj)
     return isinstance(obj, torch.ScriptObject) and _kind(obj) is not None
 
 

@@ -1,7 +1,10 @@
-"""A networkx view of the annotated graph, and the building blocks the guidelines talk about.
+"""The annotated graph's data flow, and the building blocks the guidelines talk about.
 
-``to_networkx(report)`` makes one ``DiGraph`` from the report's nodes (one function, as
-STYLE.md asks). ``find_blocks`` finds building blocks two ways:
+``data_flow(report)`` makes one ``DataFlow`` from the report's nodes (one function, as STYLE.md
+asks): what the rules walk (``nodes[name]["node"]``, successors, predecessors, out-degree), in
+plain dicts. networkx, whose import alone is a tenth of a second of every scan, is imported only
+for the post-dominators of fork/join regions (``to_networkx``). ``find_blocks`` finds building
+blocks two ways:
 
 * **module units** — a non-container module that sits in a container (``Sequential``,
   ``ModuleList``): ResNet's ``Bottleneck``, ShuffleNet's units, a ViT encoder block;
@@ -13,7 +16,8 @@ STYLE.md asks). ``find_blocks`` finds building blocks two ways:
 
 For each block, the ShuffleNetV2 paper's "fragmented operators" (G3) are its convolution and
 pooling ops; ``series`` is the longest chain of them and ``parallel`` the largest set that
-can run side by side (the width of their reachability order, by Dilworth's theorem).
+can run side by side (the width of their reachability order, by Dilworth's theorem: the
+fragments less a maximum matching of the reachability relation).
 """
 
 from __future__ import annotations
@@ -21,25 +25,65 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from ..results import NodeReport, Report, module_and_ancestors
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 FRAGMENT_CATEGORIES = frozenset({"conv", "grouped_conv", "depthwise_conv", "pooling"})
 ELEMENTWISE_CATEGORIES = frozenset({"activation", "elementwise", "norm"})  # + depthwise conv for G4
 
 
-def to_networkx(report: Report) -> nx.DiGraph:
-    """Nodes keyed by name, carrying their NodeReport as ``data['node']``; edges follow data flow."""
-    g = nx.DiGraph()
-    for n in report.nodes:
-        g.add_node(n.name, node=n, category=n.category)
-    for n in report.nodes:
-        for src in n.inputs:
-            if src in g:
-                g.add_edge(src, n.name)
-    return g
+class DataFlow:
+    """The report's nodes keyed by name (``nodes[name]["node"]`` is the NodeReport) and the edges of
+    data flow between them, in the report's order (a topological one: a node reads only earlier
+    nodes). Edges are distinct: a node reading one input twice has it once among its predecessors."""
+
+    def __init__(self, report: Report):
+        self.nodes: dict[str, dict] = {n.name: {"node": n, "category": n.category} for n in report.nodes}
+        self._succ: dict[str, list[str]] = {name: [] for name in self.nodes}
+        self._pred: dict[str, list[str]] = {name: [] for name in self.nodes}
+        for n in report.nodes:
+            for src in dict.fromkeys(n.inputs):
+                if src in self.nodes:
+                    self._succ[src].append(n.name)
+                    self._pred[n.name].append(src)
+
+    def __contains__(self, name) -> bool:
+        return name in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def successors(self, name: str) -> list[str]:
+        return self._succ[name]
+
+    def predecessors(self, name: str) -> list[str]:
+        return self._pred[name]
+
+    def out_degree(self, name: str) -> int:
+        return len(self._succ[name])
+
+    def number_of_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def data_flow(report: Report) -> DataFlow:
+    """The report's nodes and the data-flow edges between them."""
+    return DataFlow(report)
+
+
+def to_networkx(g: DataFlow) -> nx.DiGraph:
+    """``g`` as a networkx ``DiGraph`` (node data ``node`` and ``category``), for its algorithms."""
+    import networkx as nx
+
+    out = nx.DiGraph()
+    for name, data in g.nodes.items():
+        out.add_node(name, **data)
+    out.add_edges_from((src, dst) for src, users in g._succ.items() for dst in users)
+    return out
 
 
 @dataclass(frozen=True)
@@ -86,32 +130,68 @@ def elementwise_mac_bytes(n: NodeReport) -> int:
     return n.mac_bytes if is_elementwise(n) else 0
 
 
-def fragmentation(g: nx.DiGraph, names: list[str]) -> tuple[int, int, int]:
-    """(fragments, longest chain, width) of the fragmented ops among ``names``."""
+def fragmentation(g: DataFlow, names: list[str]) -> tuple[int, int, int]:
+    """(fragments, longest chain, width) of the fragmented ops among ``names`` (in topological order)."""
     inside = set(names)
     frags = [n for n in names if _is_fragment(g.nodes[n]["node"])]
     if not frags:
         return 0, 0, 0
-    sub = g.subgraph(inside)
-    reach = {f: nx.descendants(sub, f) & set(frags) for f in frags}
-    # longest chain: DP over a topological order of the fragment ops
-    order = [n for n in nx.topological_sort(sub) if n in reach]
+    is_frag = set(frags)
+    reach = {f: [h for h in _descendants(g, f, inside) if h in is_frag] for f in frags}
+    # longest chain: DP over the fragments in topological order
     longest = {f: 1 for f in frags}
-    for f in order:
+    for f in frags:
         for h in reach[f]:
             longest[h] = max(longest[h], longest[f] + 1)
     # width = |frags| - maximum matching in the comparability bipartite graph (Dilworth)
-    bip = nx.Graph()
-    left = [("a", f) for f in frags]
-    bip.add_nodes_from(left, bipartite=0)
-    bip.add_nodes_from((("b", f) for f in frags), bipartite=1)
-    bip.add_edges_from((("a", f), ("b", h)) for f in frags for h in reach[f])
-    matching = nx.bipartite.hopcroft_karp_matching(bip, top_nodes=left)
-    width = len(frags) - len(matching) // 2
-    return len(frags), max(longest.values()), width
+    return len(frags), max(longest.values()), len(frags) - _matching_size(frags, reach)
 
 
-def _block(g: nx.DiGraph, name: str, type_: str, kind: str, names: list[str]) -> Block:
+def _descendants(g: DataFlow, start: str, inside: set[str]) -> set[str]:
+    """The nodes of ``inside`` reachable from ``start`` through nodes of ``inside``."""
+    seen, todo = set(), [start]
+    while todo:
+        for n in g.successors(todo.pop()):
+            if n in inside and n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def _matching_size(left: list[str], edges: dict[str, list[str]]) -> int:
+    """The size of a maximum matching of the bipartite graph ``left`` → ``edges[left]`` (Kuhn's
+    augmenting paths, walked with an explicit stack: a block's fragments are few, a graph's may not be)."""
+    owner: dict[str, str] = {}  # right node -> the left node matched to it
+    size = 0
+    for root in left:
+        seen: set[str] = set()
+        stack = [(root, iter(edges[root]))]
+        path: list[tuple[str, str]] = []  # (left, right) steps of the path being tried
+        found = False
+        while stack and not found:
+            u, candidates = stack[-1]
+            for v in candidates:
+                if v in seen:
+                    continue
+                seen.add(v)
+                path.append((u, v))
+                if v not in owner:
+                    found = True
+                else:
+                    stack.append((owner[v], iter(edges[owner[v]])))
+                break
+            else:  # no way on from u: step back
+                stack.pop()
+                if path:
+                    path.pop()
+        if found:
+            for u, v in path:
+                owner[v] = u
+            size += 1
+    return size
+
+
+def _block(g: DataFlow, name: str, type_: str, kind: str, names: list[str]) -> Block:
     nodes = [g.nodes[n]["node"] for n in names]
     fragments, series, parallel = fragmentation(g, names)
     return Block(name, type_, kind, tuple(names), fragments, series, parallel,
@@ -165,22 +245,22 @@ def module_units(report: Report) -> list[tuple[str, str]]:
     return [(p, types[p]) for path in outermost for p in innermost(path)]
 
 
-def with_shared_inputs(g: nx.DiGraph) -> nx.DiGraph:
-    """``g`` plus the model inputs and attributes that several nodes read (``shared_inputs``), as
-    nodes of their own with an edge to each reader, so forks there are seen like any other."""
-    readers = [(src, n) for n, data in g.nodes(data=True)
-               for src in (data["node"].attrs.get("shared_inputs") or ()) if src not in g]
-    if not readers:
-        return g
-    full = g.copy()
-    full.add_edges_from(readers)
+def with_shared_inputs(g: DataFlow) -> nx.DiGraph:
+    """``g`` as a networkx graph plus the model inputs and attributes that several nodes read
+    (``shared_inputs``), as nodes of their own with an edge to each reader, so forks there are
+    seen like any other."""
+    full = to_networkx(g)
+    full.add_edges_from((src, n) for n, data in g.nodes.items()
+                        for src in (data["node"].attrs.get("shared_inputs") or ()) if src not in g)
     return full
 
 
-def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
+def fork_join_regions(g: DataFlow) -> list[tuple[str, str, list[str]]]:
     """(fork, join, nodes) for every node with several users, model inputs and attributes that
     several nodes read included: the nodes after the fork up to and including the join, where its
     branches meet again (its immediate post-dominator). The fork itself is not in ``nodes``."""
+    import networkx as nx
+
     g = with_shared_inputs(g)
     if g.number_of_nodes() == 0:
         return []
@@ -203,7 +283,7 @@ def fork_join_regions(g: nx.DiGraph) -> list[tuple[str, str, list[str]]]:
     return regions
 
 
-def _reached_before(g: nx.DiGraph, fork: str, join: str) -> set[str]:
+def _reached_before(g, fork: str, join: str) -> set[str]:
     """The nodes after ``fork`` up to and including ``join``, its post-dominator: every path from
     the fork passes the join, so a walk that does not go past the join stays between the two
     (descendants of the fork that are ancestors of the join), in the region's size, not the graph's."""
@@ -216,9 +296,9 @@ def _reached_before(g: nx.DiGraph, fork: str, join: str) -> set[str]:
     return seen
 
 
-def find_blocks(report: Report, g: nx.DiGraph | None = None) -> list[Block]:
+def find_blocks(report: Report, g: DataFlow | None = None) -> list[Block]:
     """Building blocks: module units when the model has them, fork/join regions otherwise."""
-    g = g if g is not None else to_networkx(report)
+    g = g if g is not None else data_flow(report)
     units = module_units(report)
     if units:
         members: dict[str, list[str]] = {path: [] for path, _ in units}

@@ -1,4 +1,4 @@
-"""What every rule sees: the report, its networkx view, its building blocks, and where in the
+"""What every rule sees: the report, its data flow, its building blocks, and where in the
 model each layer sits (reading the data, making the output, over a sequence's tokens)."""
 
 from __future__ import annotations
@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
-import networkx as nx
 import torch
 
-from ..graph import Block, find_blocks, to_networkx
+from ..graph import Block, DataFlow, data_flow, find_blocks
 from ..results import NodeReport, Report
 
 # Layers: nodes whose weights set the width of what they make. Between two of them the width is
@@ -47,11 +46,11 @@ class RuleContext:
     """Built once per report; rules read it and return findings."""
 
     report: Report
-    graph: nx.DiGraph = field(init=False)
+    graph: DataFlow = field(init=False)
     blocks: list[Block] = field(init=False)
 
     def __post_init__(self):
-        self.graph = to_networkx(self.report)
+        self.graph = data_flow(self.report)
         self.blocks = find_blocks(self.report, self.graph)
         self._block_of = {name: b.name for b in self.blocks for name in b.nodes}
 
