@@ -261,3 +261,22 @@ def test_experts_run_on_every_token_are_named():
     assert f"{e // k}.0x" in finding.message
     mixtral = archscan.scan(module.tiny_mixtral(), [f"1,{tokens}:int64"], recommend=False, profile=False)
     assert not [f for f in mixtral.findings if f.rule == "dense-experts"]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_causal_discount_whatever_the_attention_is_written_as(attention):
+    """Executed multiply-adds credit the causal mask the same way for SDPA (which the CPU decomposes
+    when the value head differs from the query's: DeepSeek's latent attention) and for eager attention
+    (scores, the mask added, softmax, ·V): per layer, QKᵀ and PV over S(S+1)/2 of the S² pairs."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_decoders", HF_DECODERS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.tiny_deepseek_v2(attention)
+    c = model.config
+    s, heads, qk, v = 64, c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
+    report = archscan.scan(model, [f"1,{s}:int64"], recommend=False, rules=[])
+    dense = c.num_hidden_layers * heads * s * s * (qk + v)
+    assert report.totals.flops - report.totals.executed_flops == dense - dense * (s * (s + 1) // 2) // (s * s)

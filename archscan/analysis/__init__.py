@@ -10,11 +10,12 @@ of pruning) is handed in as an ``Observer``.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -214,6 +215,105 @@ def _masked_attrs(node: torch.fx.Node, costs: NodeCosts, masks: dict, keys: dict
                                                   for c in costs.ops)}
 
 
+_SOFTMAX_NAMES = frozenset({"_softmax", "softmax", "_safe_softmax"})
+_PRODUCT_NAMES = frozenset({"bmm", "matmul", "mm", "baddbmm"})
+_MASKING_NAMES = frozenset({"add", "add_", "where", "masked_fill", "masked_fill_"})
+_PASS_NAMES = frozenset({"view", "_unsafe_view", "reshape", "expand", "mul", "div", "to", "_to_copy", "clone",
+                         "dropout", "contiguous", "float", "type_as", "clamp"})
+_HOPS = 6  # ops between a product and the softmax (a view, a scale, the mask, a cast)
+
+
+def _call_name(node: torch.fx.Node) -> str:
+    """What a node calls, by name across graph kinds: 'bmm' for aten.bmm.default, torch.bmm,
+    operator.matmul ('matmul') and a ``.bmm()`` method alike."""
+    target = node.target
+    if node.op == "call_method":
+        return str(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__
+    name = getattr(target, "__name__", "")
+    return {"matmul": "matmul", "truediv": "div", "iadd": "add_"}.get(name, name)
+
+
+def _masked_products(gm: torch.fx.GraphModule, masks: dict, keys: dict) -> dict:
+    """Attention written out (Hugging Face's eager attention, the CPU's math decomposition of
+    ``scaled_dot_product_attention`` recorded op by op): scores = Q·Kᵀ, a mask added (or applied
+    with ``where``/``masked_fill``), softmax, then ·V. Where the mask is computed from positions
+    alone (``_allowed_pairs``), both products get ``{"masked": True, "executed_flops"}`` for the
+    query-key pairs it lets through, as a fused kernel given the same mask has them: the dense
+    count stays ``flops``. {node: attrs}."""
+    found: dict = {}
+    for sm in gm.graph.nodes:
+        if sm.op not in ("call_function", "call_method") or _call_name(sm) not in _SOFTMAX_NAMES or not sm.args \
+                or not isinstance(sm.args[0], torch.fx.Node):
+            continue
+        scores, mask, n = None, None, sm.args[0]
+        for _ in range(_HOPS):  # back from the softmax along its input to the product that made the scores
+            name = _call_name(n)
+            if name in _PRODUCT_NAMES:
+                scores = n
+                break
+            tensors = [a for a in n.all_input_nodes if _is_tensor_node(a)]
+            if name in _MASKING_NAMES and len(tensors) >= 2:
+                if name == "where":  # where(mask, scores, fill) or where(mask, fill, scores)
+                    cond, *rest = n.args[:3]
+                    mask = cond if isinstance(cond, torch.fx.Node) else None
+                    nxt = next((a for a in rest if isinstance(a, torch.fx.Node) and _is_tensor_node(a)
+                                and a.meta.get("archscan") and a.meta["archscan"].out_shape == _shape(n)), None)
+                else:  # scores + mask, or scores.masked_fill(mask, value)
+                    first, second = n.args[0], n.args[1]
+                    nxt = first if isinstance(first, torch.fx.Node) and _shape(first) == _shape(n) else second
+                    mask = second if nxt is first else first
+                if not isinstance(nxt, torch.fx.Node):
+                    break
+                n = nxt
+            elif name in _PASS_NAMES and tensors:
+                n = tensors[0]
+            else:
+                break
+        if scores is None or not isinstance(mask, torch.fx.Node):
+            continue
+        values = _reader_product(sm)
+        if values is None:
+            continue
+        key = _structure(mask, keys)
+        if key not in masks:
+            masks[key] = _allowed_pairs(mask)
+        if masks[key] is None:
+            continue
+        allowed, total = masks[key]
+        for product in (scores, values):
+            costs = product.meta.get("archscan")
+            if costs is not None and not any("executed_flops" in c.attrs for c in costs.ops):
+                flops = sum(c.flops for c in costs.ops)
+                found[product] = {"masked": True, "executed_flops": flops * allowed // total}
+    return found
+
+
+def _is_tensor_node(n: torch.fx.Node) -> bool:
+    costs = n.meta.get("archscan")
+    return n.op in ("placeholder", "get_attr") or (costs is not None and costs.out_shape is not None)
+
+
+def _shape(n: Any) -> tuple | None:
+    costs = n.meta.get("archscan") if isinstance(n, torch.fx.Node) else None
+    return costs.out_shape if costs is not None else None
+
+
+def _reader_product(sm: torch.fx.Node) -> torch.fx.Node | None:
+    """The product that reads the softmax's probabilities (·V), through views, casts and dropout."""
+    todo = [(sm, 0)]
+    while todo:
+        n, depth = todo.pop()
+        for user in n.users:
+            name = _call_name(user)
+            if name in _PRODUCT_NAMES and user.args and user.args[0] is n:
+                return user
+            if name in _PASS_NAMES and depth < _HOPS:
+                todo.append((user, depth + 1))
+    return None
+
+
 def _structure(node: torch.fx.Node, keys: dict) -> str:
     """What ``node`` computes, as text: its op and its arguments, each node among them by what it
     computes in turn (two nodes that make the same mask from the same ops have one key)."""
@@ -234,7 +334,7 @@ def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
     shape = getattr(mask.meta.get("archscan"), "out_shape", None)
     if shape is None or math.prod(shape) > MASK_ELEMENTS:
         return None
-    made, stack = set(), [mask]
+    made, stack, constants = set(), [mask], {}
     while stack:
         n = stack.pop()
         if n in made:
@@ -242,8 +342,13 @@ def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or n.target.namespace != "aten":
             return None
         made.add(n)
-        stack.extend(n.all_input_nodes)
-    values: dict = {}
+        for a in n.all_input_nodes:
+            constant = _small_constant(a)
+            if constant is not None:
+                constants[a] = constant
+            else:
+                stack.append(a)
+    values: dict = dict(constants)
     try:
         for n in mask.graph.nodes:  # in the graph's order: what an op reads is made before it
             if n in made:
@@ -254,6 +359,20 @@ def _allowed_pairs(mask: torch.fx.Node) -> tuple[int, int] | None:
     except Exception:
         return None
     return mask_pairs(values[mask])
+
+
+def _small_constant(n: torch.fx.Node) -> torch.Tensor | None:
+    """A constant the graph holds with its value (torch.export lifts ``torch.tensor(0.0)`` in a mask
+    function to an attribute): a real tensor of at most 64 elements, else None."""
+    if n.op != "get_attr":
+        return None
+    try:
+        value = functools.reduce(getattr, str(n.target).split("."), n.graph.owning_module)
+    except Exception:
+        return None
+    if not isinstance(value, torch.Tensor) or type(value) is not torch.Tensor or value.is_meta or value.numel() > 64:
+        return None
+    return value
 
 
 def _placement_attrs(node: torch.fx.Node) -> dict:
@@ -344,6 +463,7 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
     # a recording's nodes share one module stack per stretch of ops, and many a source line
     stacks: dict[int, list[tuple[str, str]]] = {}
     sources: dict[str, str | None] = {}
+    masked_products = _masked_products(gm, masks, mask_keys)
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -378,7 +498,8 @@ def build_report(captured: Captured, model_name: str, specs: Sequence[InputSpec]
             dtype=_node_dtype(costs),
             source=_source(node, sources), inputs=tuple(a.name for a in node.all_input_nodes if a.name in kept),
             aten_ops=tuple(c.op for c in costs.ops if c.category != "view"),
-            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks, mask_keys), **_placement_attrs(node)},
+            attrs={**_merge_attrs(costs), **_masked_attrs(node, costs, masks, mask_keys),
+                   **masked_products.get(node, {}), **_placement_attrs(node)},
         ))
         kept.add(node.name)
         node_stacks.append(stack)

@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import direct
 from ..load.building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
                              meta_instance, on_meta, strip_user_hooks)
-from ..costs import inner_tensors, is_packed, packed, packed_key, storage_key, stored_nbytes
+from ..costs import composite_attention, inner_tensors, is_packed, packed, packed_key, storage_key, stored_nbytes
 from ..devices import short_of
 from .eager import capture_eager
 from ..errors import ArchscanError, CaptureError, DeviceError
@@ -267,6 +267,9 @@ def _mark_factory_sites(graph: torch.fx.Graph, sites: list[tuple[tuple[str, ...]
             node.meta["archscan_made_at"] = below
 
 
+_ATTENTION_CALLS = (torch.nn.functional.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+
+
 class CostInterpreter(torch.fx.Interpreter):
     """Runs the graph on fake tensors, costing each node's aten ops into ``node.meta['archscan']``."""
 
@@ -291,6 +294,10 @@ class CostInterpreter(torch.fx.Interpreter):
         t = first_tensor(result)
         if t is not None:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
+        if n.target in _ATTENTION_CALLS and len(n.args) >= 2:  # decomposed on the CPU: still one attention
+            query, key = (self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in n.args[:2])
+            causal = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
+            costs.ops = composite_attention(costs.ops, query, key, causal is True)
         n.meta["archscan"] = costs
         return result
 

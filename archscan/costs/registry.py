@@ -37,6 +37,8 @@ a library that is not installed (torchvision) are registered without importing i
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import math
 from dataclasses import dataclass, field
@@ -1227,6 +1229,26 @@ def topk_routing(func, out: Any, current: tuple[int, int] | None = None) -> tupl
             and out.dim() == 2 and out.shape[0] == current[0] and out.shape[1] > current[1]:
         return (int(out.shape[0]), int(out.shape[1]))
     return None
+
+
+def composite_attention(ops: list[OpCost], query: Any, key: Any, is_causal: bool) -> list[OpCost]:
+    """The ops of one ``scaled_dot_product_attention`` call that the CPU ran as its math
+    decomposition (no fused kernel takes a value head size other than the query's: DeepSeek's
+    multi-head latent attention), as one attention's: the two batched products are attention
+    (priced as such), and with ``is_causal`` their executed multiply-adds are those of the pairs
+    the mask leaves, as for the fused kernel. ``ops`` unchanged when one is attention already."""
+    if any(c.category == "attention" for c in ops) or not isinstance(query, torch.Tensor) \
+            or not isinstance(key, torch.Tensor) or query.dim() < 2 or key.dim() < 2:
+        return ops
+    queries, keys = int(query.shape[-2]), int(key.shape[-2])
+    out = []
+    for c in ops:
+        if c.op.startswith("aten.bmm") and c.flops:
+            attrs = {**c.attrs, **({"causal": True, "executed_flops": c.flops * causal_pairs(queries, keys)
+                                    // max(queries * keys, 1)} if is_causal else {})}
+            c = dataclasses.replace(c, category="attention", attrs=attrs)
+        out.append(c)
+    return out
 
 
 def causal_pairs(queries: int, keys: int) -> int:

@@ -220,7 +220,8 @@ def _check_packed(model: nn.Module) -> None:
     (``quantize_dynamic``, ``convert``) runs fbgemm on the values, and what it packs from fake or
     meta tensors is no weight (its quantization parameters cannot be read). The model is then
     built for real; the copies made from a real build keep the real packed weights."""
-    if any(is_packed(v) for m in model.modules() for v in vars(m).values()):
+    if any(is_packed(v) for m in model.modules() for v in vars(m).values()
+           if not isinstance(v, (dict, bool, int, float, str))):  # a module's own bookkeeping: asked of every build
         raise ValueError("torch.ao's packed weights need a build with values")
 
 

@@ -81,3 +81,17 @@ def tiny_llama4():
                                            vocab_size=500, num_local_experts=8, num_experts_per_tok=1,
                                            interleave_moe_layer_step=1, max_position_embeddings=512)
     return transformers.Llama4ForCausalLM(config)
+
+
+def tiny_deepseek_v2(attention="sdpa"):
+    """A 2-layer DeepseekV2ForCausalLM (dense layers): multi-head latent attention, a value head (16) narrower than the
+    query and key heads (16 + 8 rotary), with ``attention`` as its attention implementation ('sdpa' or 'eager')."""
+    import transformers
+
+    config = transformers.DeepseekV2Config(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                           vocab_size=500, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
+                                           qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                                           first_k_dense_replace=2, max_position_embeddings=512)
+    config._attn_implementation = attention
+    return transformers.DeepseekV2ForCausalLM(config)
