@@ -130,6 +130,8 @@ def model_weights(model: nn.Module) -> list[Weight]:
                           tuple(storage_key(t) for t in inner_tensors(p)) if subclass else ()))
     for path, module in model.named_modules():
         for attr, value in vars(module).items():
+            if isinstance(value, (dict, bool, int, float, str)):  # the module's own bookkeeping
+                continue
             if is_packed(value) and packed_key(value) not in seen:
                 seen.add(packed_key(value))
                 found = packed(value)
