@@ -667,3 +667,34 @@ def test_unique_helpers_match_numpy(n, high):
     expected, inverse = np.unique(rows, axis=0, return_inverse=True)
     assert count == len(expected)
     assert np.array_equal(rank, np.ravel(inverse))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_a_cut_copy_runs_only_the_nodes_its_cut_reaches(name, monkeypatch):
+    """The prune recommendation's cut copies reuse the scan's own costs for every node that reads
+    what it read in the scan's run and holds the weights it held: the same savings as copies run
+    whole, from a few of the graph's nodes."""
+    import weakref
+
+    from archscan import capture as C
+
+    runs = []
+    init = C._ReusingInterpreter.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(C._ReusingInterpreter, "__init__", spy)
+    shape = [(1, 3, 224, 224)]
+    reused = [(r.target, r.estimated_saving) for r in archscan.scan(f"zoo:{name}", shape).recommendations
+              if r.kind == "prune"]
+    assert reused and runs
+    for interp in runs:
+        nodes = len(interp.module.graph.nodes)
+        assert len(interp.same) > nodes // 2, (len(interp.same), nodes)
+    monkeypatch.setattr(C, "_PRIORS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(C._PRIORS.__class__, "__setitem__", lambda self, key, value: None)
+    whole = [(r.target, r.estimated_saving) for r in archscan.scan(f"zoo:{name}", shape).recommendations
+             if r.kind == "prune"]
+    assert reused == whole

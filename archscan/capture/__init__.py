@@ -40,6 +40,7 @@ import gc
 import inspect
 import math
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -279,6 +280,7 @@ class CostInterpreter(torch.fx.Interpreter):
         super().__init__(gm, garbage_collect_values=True)
         self.recorder = recorder
         self.watchers = [w for w in watchers if hasattr(w, "where")]  # observers' modes told the node that runs
+        self.outs: dict[str, Any] | None = None  # what each node gave (``_spec``), for a later run to reuse
         self.extra_traceback = False  # a failing node is described by _NodeFailure; torch's structured
         # log of it would symbolize a traceback, importing torch._inductor and dynamo (seconds)
 
@@ -296,6 +298,8 @@ class CostInterpreter(torch.fx.Interpreter):
         t = first_tensor(result)
         if t is not None:
             costs.out_shape, costs.out_dtype = tuple(int(s) for s in t.shape), t.dtype
+        if self.outs is not None:
+            self.outs[n.name] = _spec(result)
         if n.target in _ATTENTION_CALLS and len(n.args) >= 2:  # decomposed on the CPU: still one attention
             query, key = (self.env.get(a) if isinstance(a, torch.fx.Node) else a for a in n.args[:2])
             causal = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
@@ -327,9 +331,115 @@ class _NodeFailure(Exception):
         return f"{where}{' at ' + src if src else ''} rejected input of shape {self.shapes}: {msg}"
 
 
-def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = ()) -> Any:
-    """Run ``gm`` under ``recorder`` (with ``below``, the observers' modes, between it and ``fake_mode``)."""
-    interp = CostInterpreter(gm, recorder, below)
+@dataclass(frozen=True)
+class _TensorSpec:
+    """What a node gave, as a later run of the same graph must find it to reuse the node's costs."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+
+
+def _spec(value: Any) -> Any:
+    """``value`` with each CPU tensor as a ``_TensorSpec`` (None where it holds anything else than
+    CPU tensors, numbers, strings, None and sequences of them: such a node always runs again)."""
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor or value.device.type != "cpu" or value.layout != torch.strided:
+            return None
+        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return ("value", value)
+    if isinstance(value, (tuple, list)):  # torch.Size too
+        items = [_spec(v) for v in value]
+        return None if any(i is None for i in items) else (type(value).__name__, tuple(items))
+    return None
+
+
+def _made(spec: Any) -> Any:
+    """A value ``_spec`` describes: zeros of each tensor's layout (values never count, and a zero
+    index stays a valid index for an op that reads it)."""
+    if isinstance(spec, _TensorSpec):
+        extent = spec.offset + 1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.stride)) if all(spec.shape) else 0
+        return torch.zeros(extent, dtype=spec.dtype).as_strided(spec.shape, spec.stride, spec.offset)
+    kind, inner = spec
+    if kind == "value":
+        return inner
+    items = [_made(i) for i in inner]
+    return torch.Size(items) if kind == "Size" else tuple(items) if kind == "tuple" else items
+
+
+@dataclass(frozen=True)
+class _Prior:
+    """A node of an earlier direct run of the same graph: its costs, what it gave, the weights it
+    read (by name) and, for a layer, its weights' shapes."""
+
+    costs: NodeCosts
+    out: Any
+    params: frozenset[str]
+    weights: tuple
+
+
+def _module_weights(gm: torch.fx.GraphModule, n: torch.fx.Node) -> tuple:
+    if n.op != "call_module":
+        return ()
+    module = gm.get_submodule(n.target)
+    return tuple((name, tuple(t.shape), t.dtype) for name, t in (*module.named_parameters(), *module.named_buffers()))
+
+
+_PRIORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a direct run's graph -> its nodes' _Priors
+
+
+def _priors(gm: torch.fx.GraphModule, names: dict, outs: dict[str, Any]) -> dict[str, _Prior] | None:
+    """Each node's ``_Prior`` after a direct run of ``gm`` (``names``: weight key -> name; ``outs``:
+    node -> ``_spec`` of what it gave), or None where the run's costs depend on more than each
+    node's own inputs (a router's choice of experts is carried from op to op)."""
+    priors = {}
+    for n in gm.graph.nodes:
+        costs, out = n.meta.get("archscan"), outs.get(n.name)
+        if costs is None or out is None:
+            continue
+        if any("topk" in c.op or "experts" in c.attrs for c in costs.ops):
+            return None
+        priors[n.name] = _Prior(costs, out, frozenset(names[k] for k in costs.param_keys if k in names),
+                                _module_weights(gm, n))
+    return priors
+
+
+class _ReusingInterpreter(CostInterpreter):
+    """A run of a graph whose earlier direct run's costs (``priors``) stand for every node that
+    reads what it read then and holds the weights it held then: such a node is not run, its costs
+    are copied (its weights named anew: ``keys``, weight name -> key) and it gives zeros of the
+    layout it gave. A cut copy of a model runs only the nodes its cut reaches."""
+
+    def __init__(self, gm, recorder, priors: dict[str, _Prior], keys: dict[str, Any]):
+        super().__init__(gm, recorder)
+        self.priors, self.keys, self.same = priors, keys, set()
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        prior = self.priors.get(n.name)
+        if prior is not None and n.op in ("call_function", "call_method", "call_module") \
+                and all(a.name in self.same for a in n.all_input_nodes) \
+                and all(p in self.keys for p in prior.params) and _module_weights(self.module, n) == prior.weights:
+            n.meta["archscan"] = NodeCosts(list(prior.costs.ops), {self.keys[p] for p in prior.params},
+                                           prior.costs.out_shape, prior.costs.out_dtype)
+            self.same.add(n.name)
+            return _made(prior.out)
+        result = super().run_node(n)
+        if prior is not None and _spec(result) == prior.out:
+            self.same.add(n.name)
+        elif n.op == "placeholder":  # an input given as before (a later run of the same call)
+            self.same.add(n.name)
+        return result
+
+
+def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = (), priors: dict | None = None,
+               keys: dict | None = None, outs: dict | None = None) -> Any:
+    """Run ``gm`` under ``recorder`` (with ``below``, the observers' modes, between it and ``fake_mode``);
+    with ``priors`` (and ``keys``), reusing an earlier run's costs (``_ReusingInterpreter``);
+    ``outs`` is filled with what each node gave (``_spec``), for such a later run."""
+    interp = _ReusingInterpreter(gm, recorder, priors, keys) if priors is not None else CostInterpreter(gm, recorder, below)
+    interp.outs = outs
     with contextlib.ExitStack() as stack:
         for mode in (fake_mode, *below, recorder, torch.no_grad(), quiet()):
             stack.enter_context(mode)
@@ -556,8 +666,10 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
         call = make_call(specs, None)
     except Exception:
         return None
+    priors = None
     try:
         if graph is not None:  # a copy, its nodes not yet annotated: the run annotates them
+            priors = _PRIORS.get(graph)
             copied = copy.deepcopy(graph)
             for node in copied.nodes:
                 node.meta.pop("archscan", None)
@@ -574,10 +686,18 @@ def _try_direct(model: nn.Module, specs: Sequence[InputSpec], hooks: list[str],
     names, numel, weight_keys, subclasses = _weight_maps(model)
     observers = [o for o in observers if getattr(o, "rides_direct", True)]
     modes = [observer.mode(model) for observer in observers]
+    reuse = priors is not None and not modes
+    outs = {} if graph is None else None
     try:
-        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names), subclasses), modes)
+        out = _interpret(gm, call, direct.Direct(), OpRecorder(weight_keys, set(names), subclasses), modes,
+                         priors=priors if reuse else None, keys={v: k for k, v in names.items()} if reuse else None,
+                         outs=outs)
     except Exception:  # the direct run's own limits (meta weights beside CPU inputs: an RNN's fused kernel
         return None    # refuses them) are not the model's: the fake path decides, and names a real input error
+    if outs is not None:  # what a later run of this graph (a cut copy's) reuses
+        priors = _priors(gm, names, outs)
+        if priors is not None:
+            _PRIORS[gm.graph] = priors
     observed = {observer.key: observer.result(mode, out, model) for observer, mode in zip(observers, modes)}
     return Captured(gm, "fx", model, _hook_notes(hooks), names, numel, {}, training, (), observed=observed)
 
