@@ -33,6 +33,21 @@ from test_bad_input import one_error_line, run
 ENV = {**os.environ, "COLUMNS": "100", "PYTHONUNBUFFERED": "1"}
 
 
+def _as_a_terminal_starts_it():
+    """A child's signals as a shell in a terminal leaves them: a test run in the background (``cmd &``
+    ignores SIGINT), under nohup (SIGHUP) or in a pytest-xdist worker would hand its child ignored ones."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+@pytest.fixture
+def interruptible():
+    """This process takes Ctrl-C as Python's default does, whatever it inherited (see above)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def no_partials(folder) -> None:
     left = [f for f in os.listdir(folder) if f.startswith(files.PARTIAL_PREFIX)]
     assert not left, left
@@ -240,7 +255,7 @@ def test_fuse_into_a_directory_that_cannot_be_written(capsys, tmp_path, monkeypa
     assert not target.exists()
 
 
-def test_an_interrupt_swallowed_while_writing_still_stops_the_rename(tmp_path):
+def test_an_interrupt_swallowed_while_writing_still_stops_the_rename(tmp_path, interruptible):
     """A SIGINT raised where Python only prints it (a finaliser) must not let the file land."""
     target = tmp_path / "out.md"
     target.write_text("old")
@@ -279,7 +294,7 @@ def test_a_signal_during_a_write_leaves_nothing(tmp_path, sig, code):
     script = tmp_path / "slow.py"
     script.write_text(SLOW_WRITE)
     child = subprocess.Popen([sys.executable, str(script), str(target)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=ENV)
+                             stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=_as_a_terminal_starts_it)
     assert child.stdout.readline().strip() == "writing"
     child.send_signal(sig)
     _, err = child.communicate(timeout=60)
@@ -314,7 +329,8 @@ def test_the_command_ends_on_a_signal_with_one_line(tmp_path, sig, code, name):
     model = tmp_path / "sleeper.py"
     model.write_text(SLEEPER)
     child = subprocess.Popen([sys.executable, "-m", "archscan", f"{model}:Net", "--input", "2,4"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path,
+                             preexec_fn=_as_a_terminal_starts_it)
     deadline = time.monotonic() + 120
     while not (tmp_path / "running").exists():  # the model's forward is running (its output is captured)
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()
