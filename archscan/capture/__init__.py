@@ -406,6 +406,13 @@ def _priors(gm: torch.fx.GraphModule, names: dict, outs: dict[str, Any]) -> dict
     return priors
 
 
+@dataclass(frozen=True)
+class _Unmade:
+    """A reused node's value, not made yet: most are read only by other reused nodes."""
+
+    spec: Any
+
+
 class _ReusingInterpreter(CostInterpreter):
     """A run of a graph whose earlier direct run's costs (``priors``) stand for every node that
     reads what it read then and holds the weights it held then: such a node is not run, its costs
@@ -424,7 +431,10 @@ class _ReusingInterpreter(CostInterpreter):
             n.meta["archscan"] = NodeCosts(list(prior.costs.ops), {self.keys[p] for p in prior.params},
                                            prior.costs.out_shape, prior.costs.out_dtype)
             self.same.add(n.name)
-            return _made(prior.out)
+            return _Unmade(prior.out)  # made only if a node that runs reads it
+        for a in n.all_input_nodes:
+            if isinstance(self.env.get(a), _Unmade):
+                self.env[a] = _made(self.env[a].spec)
         result = super().run_node(n)
         if prior is not None and _spec(result) == prior.out:
             self.same.add(n.name)
