@@ -254,10 +254,10 @@ def test_block_fragmentation_equals_networkx(name):
     Hopcroft-Karp matching on the same nodes."""
     import networkx as nx
 
-    from archscan.graph import FRAGMENT_CATEGORIES, data_flow, find_blocks, to_networkx
+    from archscan.graph import FRAGMENT_CATEGORIES, DataFlow, find_blocks, to_networkx
 
     report = archscan.scan(f"zoo:{name}", [(1, 3, 224, 224)], rules=[], recommend=False)
-    g = to_networkx(data_flow(report))
+    g = to_networkx(DataFlow(report))
     blocks = find_blocks(report)
     assert blocks and any(b.parallel > 1 or b.series > 1 for b in blocks) or name == "vit_b_16"
     for b in blocks:

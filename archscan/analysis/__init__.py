@@ -232,7 +232,7 @@ def _call_name(node: torch.fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return target.overloadpacket.__name__
     name = getattr(target, "__name__", "")
-    return {"matmul": "matmul", "truediv": "div", "iadd": "add_"}.get(name, name)
+    return {"truediv": "div", "iadd": "add_"}.get(name, name)
 
 
 def _masked_products(gm: torch.fx.GraphModule, masks: dict, keys: dict) -> dict:
@@ -258,8 +258,7 @@ def _masked_products(gm: torch.fx.GraphModule, masks: dict, keys: dict) -> dict:
                 if name == "where":  # where(mask, scores, fill) or where(mask, fill, scores)
                     cond, *rest = n.args[:3]
                     mask = cond if isinstance(cond, torch.fx.Node) else None
-                    nxt = next((a for a in rest if isinstance(a, torch.fx.Node) and _is_tensor_node(a)
-                                and a.meta.get("archscan") and a.meta["archscan"].out_shape == _shape(n)), None)
+                    nxt = next((a for a in rest if _shape(a) is not None and _shape(a) == _shape(n)), None)
                 else:  # scores + mask, or scores.masked_fill(mask, value)
                     first, second = n.args[0], n.args[1]
                     nxt = first if isinstance(first, torch.fx.Node) and _shape(first) == _shape(n) else second

@@ -53,7 +53,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import direct
 from ..load.building import (Call, build_fake, build_meta, build_real, global_hooks_set_aside, has_lazy, make_call,
                              meta_instance, on_meta, strip_user_hooks)
-from ..costs import composite_attention, inner_tensors, is_packed, packed, packed_key, storage_key, stored_nbytes
+from ..costs import composite_attention, inner_tensors, packed, packed_attributes, packed_key, storage_key, stored_nbytes
 from ..devices import short_of
 from .eager import capture_eager
 from ..errors import ArchscanError, CaptureError, DeviceError
@@ -130,10 +130,8 @@ def model_weights(model: nn.Module) -> list[Weight]:
         out.append(Weight(name, storage_key(p), p.numel(), stored_nbytes(p),
                           tuple(storage_key(t) for t in inner_tensors(p)) if subclass else ()))
     for path, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if isinstance(value, (dict, bool, int, float, str)):  # the module's own bookkeeping
-                continue
-            if is_packed(value) and packed_key(value) not in seen:
+        for attr, value in packed_attributes(module):
+            if packed_key(value) not in seen:
                 seen.add(packed_key(value))
                 found = packed(value)
                 out.append(Weight(f"{path}.{attr}" if path else attr, packed_key(value), found.numel, found.nbytes))
@@ -419,8 +417,8 @@ class _ReusingInterpreter(CostInterpreter):
     are copied (its weights named anew: ``keys``, weight name -> key) and it gives zeros of the
     layout it gave. A cut copy of a model runs only the nodes its cut reaches."""
 
-    def __init__(self, gm, recorder, priors: dict[str, _Prior], keys: dict[str, Any]):
-        super().__init__(gm, recorder)
+    def __init__(self, gm, recorder, priors: dict[str, _Prior], keys: dict[str, Any], watchers: Sequence[Any] = ()):
+        super().__init__(gm, recorder, watchers)
         self.priors, self.keys, self.same = priors, keys, set()
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -448,7 +446,8 @@ def _interpret(gm, call: Call, fake_mode, recorder, below: Sequence[Any] = (), p
     """Run ``gm`` under ``recorder`` (with ``below``, the observers' modes, between it and ``fake_mode``);
     with ``priors`` (and ``keys``), reusing an earlier run's costs (``_ReusingInterpreter``);
     ``outs`` is filled with what each node gave (``_spec``), for such a later run."""
-    interp = _ReusingInterpreter(gm, recorder, priors, keys) if priors is not None else CostInterpreter(gm, recorder, below)
+    interp = _ReusingInterpreter(gm, recorder, priors, keys, below) if priors is not None \
+        else CostInterpreter(gm, recorder, below)
     interp.outs = outs
     with contextlib.ExitStack() as stack:
         for mode in (fake_mode, *below, recorder, torch.no_grad(), quiet()):

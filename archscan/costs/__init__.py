@@ -10,10 +10,10 @@ from .registry import CATEGORIES, OpCost, category_of, cost_op, is_free, registe
 from .registry import MASK_ELEMENTS, bound_arguments, composite_attention, expected_experts, mask_pairs, topk_routing
 from .registry import _tensors as tensors_in
 from .registry import subclass_linear_costs
-from .quantized import (activation_quantize, inner_named, inner_tensors, is_packed, packed, packed_key, real_object, storage_id,
+from .quantized import (activation_quantize, inner_named, inner_tensors, is_packed, packed, packed_attributes, packed_key, real_object, storage_id,
                         storages_nbytes, stored_nbytes)
 
 __all__ = ["CATEGORIES", "OpCost", "category_of", "cost_op", "is_free", "register_flops", "storage_key", "tensor_key", "tensors_in",
            "MASK_ELEMENTS", "bound_arguments", "composite_attention", "expected_experts", "mask_pairs", "topk_routing", "subclass_linear_costs",
-           "activation_quantize", "inner_named", "inner_tensors", "is_packed", "packed", "packed_key", "real_object", "storage_id",
+           "activation_quantize", "inner_named", "inner_tensors", "is_packed", "packed", "packed_attributes", "packed_key", "real_object", "storage_id",
            "storages_nbytes", "stored_nbytes"]

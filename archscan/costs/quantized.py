@@ -57,10 +57,18 @@ def real_object(obj: Any) -> Any:
 def is_packed(obj: Any) -> bool:
     """A torch.ao packed-parameters object (linear, convolution, an RNN cell's)?"""
     if not isinstance(obj, torch.ScriptObject):
-        if type(obj).__name__ != "FakeScriptObject":  # a module's every attribute is asked: the common case is quick
+        if type(obj).__name__ != "FakeScriptObject":  # the common case, answered without a lookup
             return False
         obj = real_object(obj)
     return isinstance(obj, torch.ScriptObject) and _kind(obj) is not None
+
+
+def packed_attributes(module: Any) -> list[tuple[str, Any]]:
+    """(attribute, object) of the torch.ao packed parameters a module holds as plain attributes
+    (a quantized layer's ``_packed_params``); its own bookkeeping (dicts, flags) is passed over at
+    once, since every module of every build is asked."""
+    return [(attr, value) for attr, value in vars(module).items()
+            if not isinstance(value, (dict, bool, int, float, str)) and is_packed(value)]
 
 
 def packed_key(obj: Any) -> tuple[str, int]:
@@ -246,6 +254,6 @@ def int_mm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return a[0] * a[1] * b[1]
 
 
-__all__ = ["Packed", "inner_tensors", "int_mm_flops", "is_packed", "packed", "packed_key", "quantized_conv_flops",
+__all__ = ["Packed", "inner_tensors", "int_mm_flops", "is_packed", "packed", "packed_attributes", "packed_key", "quantized_conv_flops",
            "quantized_linear_flops", "quantized_rnn_flops", "quantizes_activations", "real_object", "stored_dtype",
            "stored_nbytes"]

@@ -37,11 +37,9 @@ a library that is not installed (torchvision) are registered without importing i
 
 from __future__ import annotations
 
-import dataclasses
-
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -1246,7 +1244,7 @@ def composite_attention(ops: list[OpCost], query: Any, key: Any, is_causal: bool
         if c.op.startswith("aten.bmm") and c.flops:
             attrs = {**c.attrs, **({"causal": True, "executed_flops": c.flops * causal_pairs(queries, keys)
                                     // max(queries * keys, 1)} if is_causal else {})}
-            c = dataclasses.replace(c, category="attention", attrs=attrs)
+            c = replace(c, category="attention", attrs=attrs)
         out.append(c)
     return out
 

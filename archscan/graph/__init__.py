@@ -1,6 +1,6 @@
 """The annotated graph's data flow, and the building blocks the guidelines talk about.
 
-``data_flow(report)`` makes one ``DataFlow`` from the report's nodes (one function, as STYLE.md
+``DataFlow(report)`` holds the report's nodes and their edges (one class, as STYLE.md
 asks): what the rules walk (``nodes[name]["node"]``, successors, predecessors, out-degree), in
 plain dicts. networkx, whose import alone is a tenth of a second of every scan, is imported only
 for the post-dominators of fork/join regions (``to_networkx``). ``find_blocks`` finds building
@@ -68,11 +68,6 @@ class DataFlow:
 
     def number_of_nodes(self) -> int:
         return len(self.nodes)
-
-
-def data_flow(report: Report) -> DataFlow:
-    """The report's nodes and the data-flow edges between them."""
-    return DataFlow(report)
 
 
 def to_networkx(g: DataFlow) -> nx.DiGraph:
@@ -298,7 +293,7 @@ def _reached_before(g, fork: str, join: str) -> set[str]:
 
 def find_blocks(report: Report, g: DataFlow | None = None) -> list[Block]:
     """Building blocks: module units when the model has them, fork/join regions otherwise."""
-    g = g if g is not None else data_flow(report)
+    g = g if g is not None else DataFlow(report)
     units = module_units(report)
     if units:
         members: dict[str, list[str]] = {path: [] for path, _ in units}

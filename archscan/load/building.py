@@ -22,7 +22,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..costs import is_packed
+from ..costs import packed_attributes
 from ..errors import ArchscanError, CaptureError
 from .frames import at, short
 from .specs import path_text
@@ -220,8 +220,7 @@ def _check_packed(model: nn.Module) -> None:
     (``quantize_dynamic``, ``convert``) runs fbgemm on the values, and what it packs from fake or
     meta tensors is no weight (its quantization parameters cannot be read). The model is then
     built for real; the copies made from a real build keep the real packed weights."""
-    if any(is_packed(v) for m in model.modules() for v in vars(m).values()
-           if not isinstance(v, (dict, bool, int, float, str))):  # a module's own bookkeeping: asked of every build
+    if any(packed_attributes(m) for m in model.modules()):
         raise ValueError("torch.ao's packed weights need a build with values")
 
 

@@ -8,7 +8,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from ..graph import Block, DataFlow, data_flow, find_blocks
+from ..graph import Block, DataFlow, find_blocks
 from ..results import NodeReport, Report
 
 # Layers: nodes whose weights set the width of what they make. Between two of them the width is
@@ -50,7 +50,7 @@ class RuleContext:
     blocks: list[Block] = field(init=False)
 
     def __post_init__(self):
-        self.graph = data_flow(self.report)
+        self.graph = DataFlow(self.report)
         self.blocks = find_blocks(self.report, self.graph)
         self._block_of = {name: b.name for b in self.blocks for name in b.nodes}
 
