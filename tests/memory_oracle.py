@@ -25,9 +25,12 @@ def _allocations_peak(prof) -> int:
     return _allocations_peak_and_end(prof)[0]
 
 
-def _allocations_peak_and_end(prof, skip: tuple[str, ...] = ()) -> tuple[int, int]:
+def _allocations_peak_and_end(prof, skip: tuple[str, ...] = (), freed_unseen=()) -> tuple[int, int]:
     """The highest running sum of a profile's CPU allocation events, and the sum at its end;
-    ``skip``: allocations made inside ops whose names start so are left out (with their frees)."""
+    ``skip``: allocations made inside ops whose names start so are left out (with their frees).
+    ``freed_unseen``: (address, time) of blocks known to be gone whose frees the profile may have
+    missed (a block whose last reference a thread the profiler does not follow dropped has no free
+    event): the block open at that address at that time, if it is open at the end, is closed there."""
     events, stack = [], [(ev, False) for ev in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
         ev, inside = stack.pop()
@@ -35,7 +38,7 @@ def _allocations_peak_and_end(prof, skip: tuple[str, ...] = ()) -> tuple[int, in
             events.append((ev.start_time_ns, ev.extra_fields.alloc_size, ev.extra_fields.ptr, inside))
         inside = inside or (bool(skip) and ev.name.startswith(skip))
         stack.extend((child, inside) for child in ev.children)
-    kept, open_skipped = [], set()
+    kept, open_skipped, open_at = [], set(), {}
     for t, size, ptr, inside in sorted(events):
         if size > 0 and inside:  # a block made inside a skipped op: it and its free are left out
             open_skipped.add(ptr)
@@ -44,11 +47,17 @@ def _allocations_peak_and_end(prof, skip: tuple[str, ...] = ()) -> tuple[int, in
             open_skipped.discard(ptr)
             continue
         kept.append((t, size))
-    events = kept
+        if size > 0:
+            open_at[ptr] = (t, size)
+        else:
+            open_at.pop(ptr, None)
     live = peak = 0
-    for _, size in events:
+    for _, size in kept:
         live += size
         peak = max(peak, live)
+    for ptr, when in set(freed_unseen):
+        if ptr in open_at and open_at[ptr][0] <= when:
+            live -= open_at.pop(ptr)[1]
     return peak, live
 
 
