@@ -82,10 +82,11 @@ def meta_model(name: str) -> nn.Module:
 
 # One model per structure the zoo has (basic and bottleneck residual blocks, MobileNet V1 and V2,
 # ShuffleNet V1 with dense and grouped pointwise convs, ShuffleNet V2): the other widths and depths
-# repeat the same blocks. Every model of the table is fused; ARCHSCAN_TEST_FULL_ZOO=0 keeps to these (about 40 s less).
+# repeat the same blocks. These are fused in every run (each fuse exports the model twice: ResNet-101
+# takes 20 s); ARCHSCAN_TEST_FULL_ZOO=1 fuses every model of the table (about 150 s more).
 QUICK_ZOO = ("resnet18", "resnet50", "mobilenet_v1_050", "mobilenet_v2", "shufflenet_v1_g1_x1_0",
              "shufflenet_v1_g3_x0_5", "shufflenet_v2_x0_5")
-FULL_ZOO = os.environ.get("ARCHSCAN_TEST_FULL_ZOO", "1") != "0"
+FULL_ZOO = os.environ.get("ARCHSCAN_TEST_FULL_ZOO", "0") != "0"
 _ZOO_CASES: dict = {}
 
 
@@ -136,10 +137,8 @@ def test_expected_table_matches_the_built_models():
     assert counts == {n: EXPECTED_BN.get(n, 0) for n in names}
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_BN))
+@pytest.mark.parametrize("name", sorted(EXPECTED_BN) if FULL_ZOO else QUICK_ZOO)
 def test_zoo_batch_norms_all_fold(name, zoo_dir):
-    if name not in QUICK_ZOO and not FULL_ZOO:
-        pytest.skip("same blocks as a model fused here (ARCHSCAN_TEST_FULL_ZOO=0)")
     model, r = zoo_case(name, zoo_dir)
     n = EXPECTED_BN[name]
     assert r.check.passed and r.check.outputs == 1 and r.check.dtype == "float32"
