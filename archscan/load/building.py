@@ -42,19 +42,80 @@ def _inside(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.
     return apply
 
 
-def _copy_with(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+def _copy_with(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor], shallow: bool = False) -> nn.Module:
     """A copy of a user's module whose parameters and buffers (and the tensors autograd derived
     from them) are ``convert(t)`` (a tensor subclass's inner tensors: ``_inside``); the original is
-    left untouched."""
+    left untouched. ``shallow``: for a module archscan built itself, the copy shares the attributes
+    that are neither tensors, modules nor containers (``module_copy``); a user's instance is copied
+    whole, so nothing a scan runs can change an object it holds."""
     convert = _inside(convert)
     memo: dict[int, Any] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in memo:
             new = convert(t.detach())
             memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+    quick = module_copy(model, memo) if shallow else None
+    if quick is not None:
+        return quick
     with warnings.catch_warnings():  # an exported program's tree specs warn about their own deprecations
         warnings.simplefilter("ignore", FutureWarning)
         return copy.deepcopy(model, derived_tensors(model, memo, lambda t: convert(t.detach())))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def module_copy(model: nn.Module, tensors: dict) -> nn.Module | None:
+    """``copy.deepcopy(model, tensors)`` for a plain module tree, several times faster: new modules
+    with new parameter, buffer, submodule and hook tables, new lists, dicts and sets of plain
+    values, every other attribute shared (numbers, strings, functions: nothing a forward or a cut
+    changes in place). None when an attribute holds a module, a tensor or a method bound to a
+    module outside those tables, or a container nested in a container: deepcopy then copies what
+    it must."""
+    done: dict[int, nn.Module] = {}
+
+    def copy_of(m: nn.Module) -> nn.Module:
+        if id(m) in done:
+            return done[id(m)]
+        new = object.__new__(type(m))
+        done[id(m)] = new
+        state = {}
+        for key, value in vars(m).items():
+            kind = type(value)
+            if kind in _SHARED:
+                pass
+            elif key == "_modules":
+                value = {k: copy_of(c) if c is not None else None for k, c in value.items()}
+            elif key in ("_parameters", "_buffers"):
+                value = {k: tensors[id(t)] if t is not None else None for k, t in value.items()}
+            elif isinstance(value, (list, dict, set)):
+                if value and not all(map(_plain, value.values() if isinstance(value, dict) else value)):
+                    raise _NotPlain(key)  # (a hook table holding a module's own method, a list of modules)
+                value = value.copy()
+            elif not _plain(value):
+                raise _NotPlain(key)
+            state[key] = value
+        new.__dict__.update(state)
+        return new
+
+    try:
+        return copy_of(model)
+    except (_NotPlain, KeyError):
+        return None
+
+
+_SHARED = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device})
+
+
+def _plain(value) -> bool:
+    """A value a copy may share: anything but a module, a tensor, a method bound to a module or a
+    list, dict or set (a tuple of plain values is plain)."""
+    if type(value) is tuple:
+        return all(_plain(v) for v in value)
+    if isinstance(value, (nn.Module, torch.Tensor, list, dict, set)):
+        return False
+    return not (callable(value) and isinstance(getattr(value, "__self__", None), nn.Module))
 
 
 def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
@@ -62,10 +123,11 @@ def _fake_copy(model: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     return _copy_with(model, fake_mode.from_tensor)
 
 
-def meta_instance(model: nn.Module) -> nn.Module:
+def meta_instance(model: nn.Module, shallow: bool = False) -> nn.Module:
     """A copy of a user's module with its weights on the meta device, sizes, strides and dtypes
-    kept (for a direct run); the original is left untouched."""
-    return _copy_with(model, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+    kept (for a direct run); the original is left untouched (``shallow``: as ``_copy_with``)."""
+    return _copy_with(model, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"),
+                      shallow)
 
 
 def derived_tensors(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor]) -> dict:
@@ -162,7 +224,7 @@ def build_fake(target: ModelTarget, kwargs: dict, dtype: torch.dtype | None, fak
     (``nn.LazyLinear``...) the first forward that decides their weights' shapes. ``meta``: the
     model already built by ``build_meta``, wrapped instead of building another."""
     if meta is None and target.built is not None:
-        meta = meta_instance(target.built)  # wrapped in place: a copy, the build stays as it was
+        meta = meta_instance(target.built, shallow=True)  # wrapped in place: a copy, the build stays as it was
     if meta is not None:
         return _prepare(_meta_to_fake(meta, fake_mode), dtype, fake_mode)
     if target.instance is not None:
@@ -207,7 +269,7 @@ def build_meta(target: ModelTarget, kwargs: dict, specs: Sequence[InputSpec] = (
     """Construct the model on the meta device, initialisers skipped (no memory, no values); a
     copy of ``target.built`` where the scan built it already."""
     if target.built is not None:
-        return meta_instance(target.built)
+        return meta_instance(target.built, shallow=True)
     with torch.device("meta"), _SkipInit(), quiet():
         model = target.build(kwargs)
         _materialize_lazy(model, specs, torch.device("meta"))

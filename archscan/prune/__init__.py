@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse as analyse_model
-from ..load.building import build_fake, build_real, make_call, on_meta, strip_user_hooks
+from ..load.building import build_fake, build_real, make_call, module_copy, on_meta, strip_user_hooks
 from ..capture import capture_context
 from ..capture.direct import Direct
 from ..errors import ArchscanError, CaptureError
@@ -188,65 +188,18 @@ def meta_copy(model: nn.Module) -> nn.Module:
     from ..load.building import derived_tensors
 
     memo: dict = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in memo:
-            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
-    quick = _module_copy(model, memo)
+    with torch._C.DisableTorchFunction():  # a build's modes (the meta device, skipped initialisers) have nothing to do here
+        for t in [*model.parameters(), *model.buffers()]:
+            if id(t) not in memo:
+                meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+                memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    quick = module_copy(model, memo)
     if quick is not None:
         return quick
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return copy.deepcopy(model, derived_tensors(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype,
                                                                                          device="meta")))
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _module_copy(model: nn.Module, tensors: dict) -> nn.Module | None:
-    """``copy.deepcopy(model, tensors)`` for a plain module tree, several times faster: new modules
-    with new parameter, buffer, submodule and hook tables, every other attribute shared (cuts
-    rebind attributes, they never change one in place). None when an attribute holds a module, a
-    tensor or a method bound to a module outside those tables: deepcopy then copies what it must."""
-    done: dict[int, nn.Module] = {}
-
-    def copy_of(m: nn.Module) -> nn.Module:
-        if id(m) in done:
-            return done[id(m)]
-        new = object.__new__(type(m))
-        done[id(m)] = new
-        state = {}
-        for key, value in vars(m).items():
-            if key == "_modules":
-                value = {k: copy_of(c) if c is not None else None for k, c in value.items()}
-            elif key in ("_parameters", "_buffers"):
-                value = {k: tensors[id(t)] if t is not None else None for k, t in value.items()}
-            elif isinstance(value, dict) and key.endswith("hooks"):
-                if any(isinstance(getattr(h, "__self__", None), nn.Module) for h in value.values()):
-                    raise _NotPlain(key)
-                value = type(value)(value)
-            elif isinstance(value, set):
-                value = set(value)
-            elif _holds_state(value):
-                raise _NotPlain(key)
-            state[key] = value
-        new.__dict__.update(state)
-        return new
-
-    try:
-        return copy_of(model)
-    except (_NotPlain, KeyError):
-        return None
-
-
-def _holds_state(value, depth: int = 0) -> bool:
-    if isinstance(value, (nn.Module, torch.Tensor)) or (callable(value) and isinstance(getattr(value, "__self__", None), nn.Module)):
-        return True
-    if depth < 3 and isinstance(value, (list, tuple, dict)):
-        return any(_holds_state(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
 
 
 def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> ModelTarget:
