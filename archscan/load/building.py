@@ -54,12 +54,20 @@ def _copy_with(model: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]
         if id(t) not in memo:
             new = convert(t.detach())
             memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+    return copy_holding(model, memo, lambda t: convert(t.detach()), shallow)
+
+
+def copy_holding(model: nn.Module, memo: dict, convert: Callable[[torch.Tensor], torch.Tensor],
+                 shallow: bool = True) -> nn.Module:
+    """A copy of ``model`` holding ``memo``'s tensors (id of each parameter and buffer -> its
+    replacement): ``module_copy`` where ``shallow`` and the tree is plain, else ``copy.deepcopy``,
+    the tensors autograd derived from the weights made by ``convert``."""
     quick = module_copy(model, memo) if shallow else None
     if quick is not None:
         return quick
     with warnings.catch_warnings():  # an exported program's tree specs warn about their own deprecations
         warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: convert(t.detach())))
+        return copy.deepcopy(model, derived_tensors(model, memo, convert))
 
 
 class _NotPlain(Exception):
@@ -82,8 +90,7 @@ def module_copy(model: nn.Module, tensors: dict) -> nn.Module | None:
         done[id(m)] = new
         state = {}
         for key, value in vars(m).items():
-            kind = type(value)
-            if kind in _SHARED:
+            if type(value) in _SHARED:
                 pass
             elif key == "_modules":
                 value = {k: copy_of(c) if c is not None else None for k, c in value.items()}

@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..analysis import analyse as analyse_model
-from ..load.building import build_fake, build_real, make_call, module_copy, on_meta, strip_user_hooks
+from ..load.building import build_fake, build_real, copy_holding, make_call, on_meta, strip_user_hooks
 from ..capture import capture_context
 from ..capture.direct import Direct
 from ..errors import ArchscanError, CaptureError
@@ -183,23 +183,13 @@ def cuttable(target: ModelTarget, specs, cuts, kwargs=None, dtype=None,
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of a (fake) model with every parameter and buffer on the meta device: building
     variants of it runs no constructor of the user's."""
-    import warnings
-
-    from ..load.building import derived_tensors
-
     memo: dict = {}
     with torch._C.DisableTorchFunction():  # a build's modes (the meta device, skipped initialisers) have nothing to do here
         for t in [*model.parameters(), *model.buffers()]:
             if id(t) not in memo:
                 meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
                 memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
-    quick = module_copy(model, memo)
-    if quick is not None:
-        return quick
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return copy.deepcopy(model, derived_tensors(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype,
-                                                                                         device="meta")))
+    return copy_holding(model, memo, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
 
 
 def pruned_target(target: ModelTarget, cuts, model: nn.Module | None = None) -> ModelTarget:
