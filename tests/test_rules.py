@@ -106,6 +106,27 @@ def test_host_sync(toy):
     assert findings(f"{toy}:Net", [(1, 3, 8, 8)], "host-sync") == ()
 
 
+class CountAfterABranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.mean() > -10:  # the capture fails here
+            y = y.relu()
+        return y, torch.nonzero(y)  # a sync too, but not the capture's failure
+
+
+def test_only_the_sync_a_capture_failed_on_claims_it():
+    """The branch's value read is why fx and export failed (export names its line); the nonzero after
+    it syncs as well but is not named by any failure, and does not claim to be the cause."""
+    by_ops = {tuple(f.evidence["ops"]): f for f in findings(CountAfterABranch(), [(4, 8)], "host-sync")}
+    branch, count = by_ops[("aten._local_scalar_dense",)], by_ops[("aten.nonzero",)]
+    assert "also why the graph could not be captured" in branch.message and branch.evidence["capture"]
+    assert "also why" not in count.message and count.evidence["capture"] == []
+
+
 def test_host_tensor(toy):
     made, moved = findings(f"{toy}:HostTensor", [(4, 8)], "host-tensor")
     assert made.saving["copies"] == 2 and made.source.endswith("toy.py:173")

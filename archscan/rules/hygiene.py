@@ -101,6 +101,9 @@ def check_host_sync(ctx: RuleContext) -> list[Finding]:
     for call in ctx.report.host_syncs:
         calls[call["source"]][call["op"]] = call["count"]
     notes = [note for note in ctx.report.capture_notes if "fx failed" in note or "export failed" in note]
+    # a sync is why a capture failed only where the failure names its line (export and the fake run
+    # say where the model needed a tensor's value): another sync on another line is not the cause
+    caused = {line for line in list(by_line) + list(calls) if any(line in note for note in notes)}
     by_ops: dict[tuple[str, ...], list[str]] = defaultdict(list)  # the same ops on several lines: one finding
     for line in list(by_line) + [line for line in calls if line not in by_line]:
         by_ops[tuple(sorted({n.op for n in by_line.get(line, [])} | set(calls.get(line, {}))))].append(line)
@@ -113,8 +116,9 @@ def check_host_sync(ctx: RuleContext) -> list[Finding]:
                     f"{', '.join(ops)}"
                     + ("; pack_padded_sequence copies its lengths to the host (keep them there: "
                        "lengths.cpu() once, outside forward)" if any(o.startswith(_HOST_ARGUMENT_OPS) for o in ops) else "")
-                    + (" (also why the graph could not be captured)" if notes else ""),
-            evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": list(ops), "capture": notes,
+                    + (" (also why the graph could not be captured)" if caused & set(lines) else ""),
+            evidence={"nodes": [n.name for n in nodes[:_SHOW]], "ops": list(ops),
+                      "capture": notes if caused & set(lines) else [],
                       "at": lines[:_SHOW], "places": len(lines)},
             saving={"syncs": sum(max(len(by_line.get(line, [])), sum(calls.get(line, {}).values())) for line in lines)},
             fix="keep the value on the device (torch.where, masks, fixed-size outputs), batch the syncs, "
