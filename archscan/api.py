@@ -313,7 +313,7 @@ def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dty
             plan = mb.checkpoint_plan(step, rows, budget.bytes,
                                       lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs),
                                       count=counted)
-            section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"])} if plan["modules"] else {})}
+            section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"], plan.get("cache_off", False))} if plan["modules"] else {})}
     else:
         def peak_of(batch: int) -> int:
             got = forward_memory(model, mb.batched(specs, batch), dtype)

@@ -139,6 +139,32 @@ def test_checkpoint_plan_applied_for_real():
                                           if m == p or m.startswith(p + "."))
 
 
+def test_a_checkpoint_plan_for_a_decoder_that_caches_in_forward():
+    """A Hugging Face decoder makes its KV cache in every forward (``use_cache`` on by default); a
+    checkpointed layer's recompute would fill it again, and Gemma-3's sliding-window keys then no
+    longer match (the plan's analysis used to exit 3, blaming the step). The plan runs with the cache
+    off, as transformers' own gradient checkpointing does, says so, and its code, run on the real
+    model with the model's own loss, peaks where archscan re-analysed it (the CPU allocator, 1%)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                           head_dim=16, sliding_window=8)
+    build = lambda: transformers.Gemma3ForCausalLM(config)  # noqa: E731
+    specs = [InputSpec((2, 64), torch.int64, values=(0, 255))]
+    options = TrainOptions("sgd")
+    peak = archscan.scan(build(), specs, recommend=False, train=options).training_step["memory"]["peak_bytes"]
+    report = archscan.scan(build(), specs, memory=peak * 9 // 10, recommend=False, train=options)
+    plan = report.memory["checkpoint_plan"]
+    assert plan["fits"] and plan["cache_off"] and "model.config.use_cache = False" in plan["code"]
+    torch.manual_seed(0)
+    model = build()
+    exec(plan["code"], {"model": model})
+    assert model.config.use_cache is False
+    ids = torch.randint(0, 256, (2, 64))
+    real = step_peak(model, [ids], "sgd", loss="model", kwargs={"labels": ids.clone()}, release_output=False)
+    assert abs(real - plan["peak_bytes"]) <= 0.01 * real, (real, plan["peak_bytes"])
+
+
 def test_checkpoint_plans_are_monotone():
     """A larger budget never gets more recompute, nor a lower peak; every plan fits its budget."""
     specs = RESNET_STEP

@@ -286,7 +286,7 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
         got = run(k)
         return {"modules": [r["module"] for r in order[:k]], "peak_bytes": count(got["memory"]),
                 "recompute_flops": got["phases"]["recompute"]["flops"], "budget_bytes": budget, "fits": True,
-                "runs": len(tried)}
+                "runs": len(tried), **_cache_off(got)}
 
     if order:
         k = next((k for k in range(1, len(order) + 1) if _predicted(step, order[:k]) <= budget), len(order))
@@ -310,7 +310,7 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
         if count(by_stage["memory"]) <= budget:
             return {"modules": list(stages), "peak_bytes": count(by_stage["memory"]),
                     "recompute_flops": by_stage["phases"]["recompute"]["flops"], "budget_bytes": budget,
-                    "fits": True, "runs": len(tried) + 1}
+                    "fits": True, "runs": len(tried) + 1, **_cache_off(by_stage)}
     least = min(smallest, default=count(step["memory"]))
     return {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget, "fits": False,
             "smallest_peak_bytes": least, "runs": len(tried) + bool(stages),
@@ -318,11 +318,20 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
                        else f"checkpointing every block{' or stage' if stages else ''} reaches {fmt_bytes(least)} at best")}
 
 
-def checkpoint_code(paths: Sequence[str]) -> str:
-    """The Python that applies a plan to ``model``, as archscan analysed it: two lines."""
+def _cache_off(step: dict) -> dict:
+    """``{"cache_off": True}`` where the checkpointed step ran with the model's KV cache off
+    (``archscan.memory.train.caches_in_forward``), else {}."""
+    return {"cache_off": True} if step.get("cache_off") else {}
+
+
+def checkpoint_code(paths: Sequence[str], cache_off: bool = False) -> str:
+    """The Python that applies a plan to ``model``, as archscan analysed it: two lines, and a third
+    that turns off a cache the model makes in forward (``cache_off``: each recompute would fill it
+    again, as transformers' own gradient checkpointing knows)."""
     listed = ", ".join(repr(p) for p in paths)
     return ("import functools, torch.utils.checkpoint as cp\n"
-            f"for path in [{listed}]: m = model.get_submodule(path); "
+            + ("model.config.use_cache = False  # a recompute would fill the KV cache again\n" if cache_off else "")
+            + f"for path in [{listed}]: m = model.get_submodule(path); "
             "m.forward = functools.partial(cp.checkpoint, m.forward, use_reentrant=False)")
 
 

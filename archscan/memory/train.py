@@ -190,6 +190,7 @@ def train_step(target: ModelTarget, specs: Sequence[InputSpec], options: TrainOp
     if options.snapshot:
         _write_snapshot(snapshot(tracker), options.snapshot)
     return {"options": options.to_json(), "basis": basis, "loss": tracker.loss,
+            **({"cache_off": True} if options.checkpoint and caches_in_forward(model) else {}),
             **_costs(tracker, grad_keys=tracker.serials_of(grads)),
             "memory": summary(tracker)}
 
@@ -207,9 +208,12 @@ def _restored(model: nn.Module):
     grads = {p: p.requires_grad for p in model.parameters()}
     inplace = {m: m.inplace for m in model.modules() if isinstance(getattr(m, "inplace", None), bool)}
     forwards = {m: m.__dict__["forward"] for m in model.modules() if "forward" in m.__dict__}
+    caches = caches_in_forward(model)
     try:
         yield
     finally:
+        if caches:
+            model.config.use_cache = True
         for p, flag in grads.items():
             p.requires_grad_(flag)
             p.grad = None
@@ -334,9 +338,20 @@ def _freeze(model: nn.Module, prefixes: Sequence[str]) -> None:
             p.requires_grad_(False)
 
 
+def caches_in_forward(model: nn.Module) -> bool:
+    """Does the model make a KV cache in every forward (a Hugging Face decoder's ``config.use_cache``,
+    on by default)? A checkpointed layer would then fill it again in its recompute, and the
+    recomputed keys no longer match the saved ones: transformers' own gradient checkpointing
+    turns the cache off for that reason, and so do archscan's plans (``_checkpoint``)."""
+    return getattr(getattr(model, "config", None), "use_cache", None) is True
+
+
 def _checkpoint(model: nn.Module, paths: Sequence[str]) -> None:
     """Run each module at ``paths`` under ``torch.utils.checkpoint.checkpoint`` (non-reentrant), as
-    ``archscan.memory.budget.checkpoint_code`` prints it."""
+    ``archscan.memory.budget.checkpoint_code`` prints it, with the model's cache off
+    (``caches_in_forward``; ``_restored`` turns it back on)."""
+    if paths and caches_in_forward(model):
+        model.config.use_cache = False
     for path in paths:
         try:
             module = model.get_submodule(path)

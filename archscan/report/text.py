@@ -319,7 +319,10 @@ def budget_lines(memory: dict) -> list[str]:
         if plan["fits"]:
             shown = ", ".join(plan["modules"][:4]) + (f" … ({len(plan['modules'])} modules)" if len(plan["modules"]) > 4 else "")
             lines.append(f"checkpoint {shown}: peak {fmt_bytes(plan['peak_bytes'])} (re-analysed), recompute "
-                         f"+{fmt_count(plan['recompute_flops'])} multiply-adds; code in --json (memory.checkpoint_plan.code)")
+                         f"+{fmt_count(plan['recompute_flops'])} multiply-adds"
+                         + ("; with the KV cache off (model.config.use_cache = False: a recompute would fill it again)"
+                            if plan.get("cache_off") else "")
+                         + "; code in --json (memory.checkpoint_plan.code)")
         else:
             lines.append(f"checkpoint nothing fits {budget['label']}: {plan['reason']} "
                          f"(smallest peak {fmt_bytes(plan['smallest_peak_bytes'])})")
