@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from .analysis import analysis, check_rules
 from .capture import collector_paused, seeded_rng
-from .errors import ArchscanError, DeviceError
+from .errors import ArchscanError, CaptureError, DeviceError
 from .load.frames import exit_error
 from .isolation import isolated
 from .load.building import on_meta, with_build
@@ -310,9 +310,14 @@ def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dty
         found = mb.largest_batch(peak_of, budget.bytes)
         section["checkpoint_candidates"] = rows
         if counted(run(train, dtype, specs)["memory"] if limit is not None else step["memory"]) > budget.bytes:
-            plan = mb.checkpoint_plan(step, rows, budget.bytes,
-                                      lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs),
-                                      count=counted)
+            try:
+                plan = mb.checkpoint_plan(step, rows, budget.bytes,
+                                          lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs),
+                                          count=counted)
+            except CaptureError as exc:  # the budget's answer stands; the plan says why it has none
+                plan = {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget.bytes,
+                        "fits": False, "runs": None, "smallest_peak_bytes": None,
+                        "reason": f"the step with checkpointed blocks did not run ({exc.args[0]})"}
             section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"], plan.get("cache_off", False))} if plan["modules"] else {})}
     else:
         def peak_of(batch: int) -> int:

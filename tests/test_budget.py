@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 
 import pytest
 import torch
@@ -163,6 +164,41 @@ def test_a_checkpoint_plan_for_a_decoder_that_caches_in_forward():
     ids = torch.randint(0, 256, (2, 64))
     real = step_peak(model, [ids], "sgd", loss="model", kwargs={"labels": ids.clone()}, release_output=False)
     assert abs(real - plan["peak_bytes"]) <= 0.01 * real, (real, plan["peak_bytes"])
+
+
+class RunsOnce(nn.Module):
+    """A block that refuses to run twice on one input: a recompute under torch.utils.checkpoint (fed the
+    saved input) fails, the plain step runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.last = nn.Linear(64, 64), lambda: None
+
+    def forward(self, x):
+        if self.last() is x:
+            raise RuntimeError("this block ran twice on one input")
+        self.last = weakref.ref(x)
+        return self.fc(x).relu()
+
+
+class RunsOnceStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(RunsOnce(), RunsOnce(), RunsOnce())
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(self.blocks(x))
+
+
+def test_a_plan_that_cannot_run_leaves_the_budget_its_answer():
+    """When no checkpointed step can run, the largest batch is still answered and the plan says why it
+    has none, instead of exit 3 blaming the training step."""
+    specs = [InputSpec((64, 64))]
+    peak = archscan.scan(RunsOnceStack(), specs, recommend=False, train=stand_in("sgd")).training_step["memory"]["peak_bytes"]
+    report = archscan.scan(RunsOnceStack(), specs, memory=peak - 1, recommend=False, train=stand_in("sgd"))
+    plan, budget = report.memory["checkpoint_plan"], report.memory["budget"]
+    assert not plan["fits"] and "did not run" in plan["reason"] and budget["max_batch"] < 64
 
 
 def test_checkpoint_plans_are_monotone():

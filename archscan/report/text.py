@@ -324,8 +324,9 @@ def budget_lines(memory: dict) -> list[str]:
                             if plan.get("cache_off") else "")
                          + "; code in --json (memory.checkpoint_plan.code)")
         else:
-            lines.append(f"checkpoint nothing fits {budget['label']}: {plan['reason']} "
-                         f"(smallest peak {fmt_bytes(plan['smallest_peak_bytes'])})")
+            lines.append(f"checkpoint nothing fits {budget['label']}: {plan['reason']}"
+                         + (f" (smallest peak {fmt_bytes(plan['smallest_peak_bytes'])})"
+                            if plan["smallest_peak_bytes"] is not None else ""))
     ifs = [w for w in memory.get("what_ifs", []) if "peak_delta" in w]
     if ifs:
         def delta(w: dict) -> str:
