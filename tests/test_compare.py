@@ -98,6 +98,28 @@ def test_text_table(capsys):
     assert "zoo:mobilenet_v1_050" in out and "x FLOPs" in out and "baseline" in out
 
 
+def test_fragments_of_nested_blocks_in_every_renderer(tmp_path, capsys):
+    """RegNetY nests its residual blocks in Sequential stages inside a Sequential trunk, and each
+    block's transform in Sequentials of its own: the fragments column is the blocks' fragments that
+    G3 reports (7 per stage-opening block, 6 per other), in the table, the Markdown and the HTML, and
+    no report names a path outside the working directory."""
+    models = "tests/models/regnety.py"
+    md, html = tmp_path / "c.md", tmp_path / "c.html"
+    assert main(["compare", f"{models}:RegNetY", f"{models}:small", "--input", "1,3,64,64",
+                 "--markdown", str(md), "--report", str(html), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    report = archscan.scan(f"{models}:RegNetY", [(1, 3, 64, 64)], recommend=False)
+    g3 = [f for f in report.findings if f.rule == "G3"]
+    assert report.totals.params == 4_344_144  # torchvision's regnet_y_400mf
+    assert sorted((len(f.evidence["blocks"]), f.evidence["fragments"]) for f in g3) == [(4, 7), (12, 6)]
+    assert rows[0]["fragments"] == 4 * 7 + 12 * 6 == 100 and rows[1]["fragments"] > 0
+    markdown, page = md.read_text(), html.read_text()
+    assert "| 100 |" in next(line for line in markdown.splitlines() if line.startswith("| `tests/models/regnety.py:RegNetY`"))
+    assert ">100<" in page
+    for text in (markdown, page):
+        assert str(tmp_path) not in text and "/work/" not in text and "/home/" not in text and "/root/" not in text
+
+
 def test_decode_columns_in_every_renderer(tmp_path, capsys):
     """compare --decode on two GPUs: KV per token, step bytes and tokens/s on each GPU, and the
     peak memory, in the terminal's table, the Markdown and the HTML alike."""
