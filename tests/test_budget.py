@@ -239,7 +239,10 @@ def test_what_ifs_are_re_analysed_steps():
     for change, kwargs in (("fused optimizer", {"impl": "fused"}), ("zero_grad(set_to_none=False)", {"set_to_none": False})):
         want = step_peak(small_cnn(), _real(specs, 4), "adamw", **kwargs)
         assert abs(ifs[change]["peak_bytes"] - want) <= 0.01 * want, (change, ifs[change], want)
-    assert ifs["bf16 parameters"]["peak_delta"] < 0
+    # bf16 parameters: on a CPU without native bf16 convolutions torch runs them on its own im2col
+    # kernel, whose column buffers can outweigh the halved tensors: the allocator's step says which
+    want = step_peak(small_cnn().to(torch.bfloat16), [t.to(torch.bfloat16) for t in _real(specs, 4)], "adamw")
+    assert abs(ifs["bf16 parameters"]["peak_bytes"] - want) <= 0.01 * want, (ifs["bf16 parameters"], want)
     assert "gradient accumulation: 2 steps of batch 2" in ifs and ifs["gradient accumulation: 2 steps of batch 2"]["flops_delta"] == 0
 
 

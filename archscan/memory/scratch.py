@@ -55,16 +55,23 @@ def scratch_bytes(func, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
-def _conv_kind(x, w, stride, padding, dilation, transposed, groups) -> str | None:
-    """A convolution the CPU's scratch entries do not model: 1-D, 3-D or transposed (their oneDNN
-    and slow paths allocate inside, unmeasured), but the transposed ones ``_plain_deconvolution``
-    models; None for a 2-D one."""
+def _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward: bool = False) -> str | None:
+    """A convolution the CPU's scratch entries do not model, by name; None for one they model:
+    torch's own im2col kernels (``Slow2d``, ``Slow3d``: 1-, 2- and 3-D) and oneDNN's 1-, 2- and 3-D
+    forward kernels, its 1- and 2-D backward, and the transposed 2-D ones ``_plain_deconvolution``
+    models. Named: oneDNN's 3-D backward (its weight gradient's scratchpad follows the thread
+    partition), its gemm kernel for groups narrower than its block, the other transposed
+    convolutions, dilated and non-contiguous ones."""
     if not isinstance(x, torch.Tensor):
         return None
     dims = x.dim() - 2
     if transposed:
         return None if _plain_deconvolution(x, w, stride, padding, dilation, groups) else f"conv_transpose{dims}d"
-    return None if dims == 2 else f"conv{dims}d"
+    backend = _cpu_backend(x, w, stride, padding, dilation, transposed, groups)
+    if backend in _COLUMNS or (_onednn_cpu(x, w, stride, padding, dilation, groups) and not _onednn_gemm(x, w, groups)
+                               and not (backward and dims == 3)):
+        return None
+    return f"conv{dims}d" + (" (backward)" if backward else "")
 
 
 def _plain_deconvolution(x, weight, stride, padding, dilation, groups) -> bool:
@@ -74,7 +81,8 @@ def _plain_deconvolution(x, weight, stride, padding, dilation, groups) -> bool:
     channels a multiple of 8. Read from the allocator's events of torch 2.13 on an AVX2 CPU; the
     other transposed convolutions, and these on AVX-512, are named unmodelled."""
     return (isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype == torch.float32 and x.is_contiguous()
-            and _onednn_cpu(x, weight) and onednn_block() == 8 and groups == 1
+            and _cpu_backend(x, weight, stride, padding, dilation, True, groups) == "MkldnnTranspose" and onednn_block() == 8
+            and groups == 1
             and tuple(weight.shape[2:]) == tuple(stride) and all(p == 0 for p in padding)
             and all(d == 1 for d in dilation) and x.shape[1] % 8 == 0 and weight.shape[1] % 8 == 0)
 
@@ -86,7 +94,7 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
     aten.convolution: lambda x, w, b, stride, padding, dilation, transposed, output_padding, groups, *rest:
         _conv_kind(x, w, stride, padding, dilation, transposed, groups),
     aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, *rest:
-        _conv_kind(x, w, stride, padding, dilation, transposed, groups),
+        _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward=True),
     aten._fft_r2c: lambda *args: "fft",
     aten._fft_c2r: lambda *args: "fft",
     aten._fft_c2c: lambda *args: "fft",
@@ -115,11 +123,36 @@ def nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _onednn_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Does the CPU convolution take oneDNN's path (float32/bf16 NCHW 2-D, as torch 2.13 chooses it)?"""
-    return (x.device.type == "cpu" and x.dim() == 4 and x.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
-            and x.is_contiguous())
+def _cpu_backend(x, weight, stride, padding, dilation, transposed, groups) -> str | None:
+    """The kernel ``aten.convolution`` runs on the CPU, as torch itself chooses it
+    (``torch._C._select_conv_backend``: ``Mkldnn`` for oneDNN; ``Slow2d``/``Slow3d``, torch's own
+    im2col, for a small one-image convolution whose kernel is 3×3 or smaller, float16 where oneDNN
+    has none for this CPU), None off the CPU or where torch cannot tell."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or x.device.type != "cpu":
+        return None
+    dims = x.dim() - 2
+    try:
+        backend = torch._C._select_conv_backend(x, weight, None, list(stride), list(padding), list(dilation),
+                                                bool(transposed), [0] * dims, int(groups))
+    except Exception:
+        return None
+    return _UNBOUND_BACKENDS.get(backend.value) if backend.name == "???" else backend.name
+
+
+# ConvBackend members torch's Python binding leaves unnamed, by their value in ATen's ConvUtils.h
+_UNBOUND_BACKENDS = {9: "MkldnnTranspose"}
+
+
+_COLUMNS = ("Slow2d", "Slow3d")  # torch's im2col kernels: a column buffer (``_im2col``)
+
+
+def _onednn_cpu(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
+    """Does the convolution take oneDNN's direct kernel, as modelled: torch chooses oneDNN
+    (``_cpu_backend``), float32/bf16 NC(D)HW, contiguous, no padding as wide as the kernel (where
+    oneDNN's 3-D kernels turn to their gemm one)?"""
+    return (x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous() and x.dim() in (3, 4, 5)
+            and _cpu_backend(x, weight, stride, padding, dilation, False, groups) == "Mkldnn"
+            and all(p < k for p, k in zip(padding, weight.shape[2:])))
 
 
 def onednn_block() -> int:
@@ -133,18 +166,21 @@ def _blocked(c: int) -> int:
     return -(-c // block) * block
 
 
-def _slow_cpu(x: torch.Tensor, dilation) -> bool:
-    """Does the CPU convolution take torch's own im2col path (float16 where oneDNN has no float16
-    kernel for this CPU, no dilation)?"""
-    return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.float16 and all(d == 1 for d in dilation)
-            and not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
+def _slow_cpu(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
+    """Does the convolution take torch's own im2col kernel (``_cpu_backend``: Slow2d, Slow3d)?"""
+    return _cpu_backend(x, weight, stride, padding, dilation, False, groups) in _COLUMNS
 
 
 def _im2col(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, stride, padding, groups: int) -> int:
     """The column buffer of one group's im2col, for the whole batch (none for a 1×1, stride-1, unpadded kernel)."""
-    if weight.shape[2:] == (1, 1) and all(s == 1 for s in stride) and all(p == 0 for p in padding):
+    if _pointwise(weight, stride, padding):
         return 0
     return x.shape[0] * (x.shape[1] // groups) * math.prod(weight.shape[2:]) * math.prod(out.shape[2:]) * x.element_size()
+
+
+def _pointwise(weight, stride, padding) -> bool:
+    """A 1×1(×1) kernel, stride 1, no padding: the input is its own column buffer."""
+    return all(k == 1 for k in weight.shape[2:]) and all(st == 1 for st in stride) and all(p == 0 for p in padding)
 
 
 def _slow_grouped(x: torch.Tensor, groups: int) -> int:
@@ -154,32 +190,52 @@ def _slow_grouped(x: torch.Tensor, groups: int) -> int:
 
 @register_scratch(aten.convolution)
 def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, out):
-    """torch's im2col path (float16) fills a column buffer; a grouped convolution runs group by
-    group on contiguous copies of the input's slices and concatenates the outputs.
+    """torch's im2col kernels (``Slow2d``, ``Slow3d``: a one-image convolution with a small kernel,
+    float16 where oneDNN has none) fill a column buffer; grouped, they run group by group on
+    contiguous copies of the input's slices and concatenate the outputs.
 
-    oneDNN reorders the input (unless it has fewer than 8 channels: its first-layer kernel reads
-    NCHW) and the weight to blocked layouts, channels padded to 16, and computes into a blocked
-    output it then copies to the result: at its worst the kernel holds the reorders and the
-    blocked output, then the blocked output and the result.
+    oneDNN (1-, 2- and 3-D alike) reorders the input (unless it has fewer than 8 channels: its
+    first-layer kernel reads NC(D)HW) and the weight to blocked layouts, channels padded to the
+    block, and computes into a blocked output it then copies to the result: at its worst the
+    kernel holds the reorders and the blocked output, then the blocked output and the result. A
+    strided 2-D 1×1 kernel reads a compacted copy of one image per thread. A grouped convolution
+    whose groups are narrower than the block (``_onednn_gemm``) runs oneDNN's gemm kernel instead,
+    whose columns follow its thread partition: named, not modelled.
 
     A transposed convolution ``_plain_deconvolution`` models holds two output-sized buffers beside
     its result (oneDNN's deconvolution, read from the allocator's events)."""
     if transposed:
         return 2 * nbytes(out) if _plain_deconvolution(x, weight, stride, padding, dilation, groups) else 0
-    if _slow_cpu(x, dilation):
+    if _slow_cpu(x, weight, stride, padding, dilation, groups):
         columns = _im2col(x, weight, out, stride, padding, groups)
         return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, nbytes(out))
-    if not _onednn_cpu(x, weight):
+    if not _onednn_cpu(x, weight, stride, padding, dilation, groups):
         return 0
     n, cin, *spatial = x.shape
     cout, cin_g, *kernel = weight.shape
     size = x.element_size()
+    if _onednn_gemm(x, weight, groups):
+        return 0  # named (_conv_kind)
     depthwise = groups == cin and groups > 1
     x_blocked = 0 if cin < 8 else n * _blocked(cin) * math.prod(spatial) * size
+    if x.dim() == 4 and math.prod(kernel) == 1 and any(st > 1 for st in stride):
+        # a strided 1×1 reads a compacted input: one image's per thread
+        x_blocked += torch.get_num_threads() * _blocked(cin) * math.prod(out.shape[2:]) * size + ONEDNN_PAD_BYTES
     w_blocked = (_blocked(cout) * math.prod(kernel) if depthwise
                  else _blocked(cout) * (_blocked(cin_g) if cin >= 8 else cin_g) * math.prod(kernel)) * size
     out_blocked = n * _blocked(cout) * math.prod(out.shape[2:]) * size
     return max(x_blocked + w_blocked + out_blocked, out_blocked + nbytes(out)) - nbytes(out)
+
+
+ONEDNN_PAD_BYTES = 128  # what oneDNN's scratchpads hold beyond their data (their alignment)
+
+
+def _onednn_gemm(x, weight, groups: int) -> bool:
+    """Does oneDNN run the grouped convolution with its gemm kernel: groups (not depthwise) whose
+    input or output channels are not a multiple of the block (a ResNeXt-like group width of 4)?"""
+    cout, cin_g = weight.shape[:2]
+    block = onednn_block()
+    return 1 < groups < x.shape[1] and (cin_g % block or (cout // groups) % block)
 
 
 ONEDNN_REDUCTION_BYTES = 8448  # oneDNN's weight-gradient scratchpad beyond the weight's size (2 threads)
@@ -207,20 +263,27 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
                    nbytes(grad_output) + nbytes(x) if output_mask[1] else 0)
     # a grad_output that is not contiguous (the gradient of a sum, expanded from one element: a model
     # whose output is a convolution's) is first copied whole, and the copy held through the kernel
-    dense = nbytes(grad_output) if _onednn_cpu(x, weight) and not grad_output.is_contiguous() else 0
+    dense = (nbytes(grad_output) if _onednn_cpu(x, weight, stride, padding, dilation, groups)
+             and not grad_output.is_contiguous() else 0)
     return dense + _convolution_backward_scratch(grad_output, x, weight, stride, padding, dilation, groups,
                                                  output_mask, out)
 
 
 def _convolution_backward_scratch(grad_output, x, weight, stride, padding, dilation, groups, output_mask, out) -> int:
     results = sum(nbytes(t) for t in out if isinstance(t, torch.Tensor)) if isinstance(out, (tuple, list)) else 0
-    if _slow_cpu(x, dilation):
-        columns = _im2col(x, weight, grad_output, stride, padding, groups)
-        if groups == 1:
+    if _slow_cpu(x, weight, stride, padding, dilation, groups):
+        # the weight gradient unfolds the input again; the 2-D input gradient needs no buffer, the 3-D
+        # one (col2vol) a full column buffer even for a 1×1×1 kernel, freed before the weight gradient's
+        columns = _im2col(x, weight, grad_output, stride, padding, groups) if output_mask[1] else 0
+        if groups > 1:
+            return max(_slow_grouped(grad_output, groups) + _slow_grouped(x, groups) + columns, results)
+        if x.dim() < 5 or not output_mask[0]:
             return columns
-        return max(_slow_grouped(grad_output, groups) + _slow_grouped(x, groups) + columns, results)
-    if not _onednn_cpu(x, weight):
-        return 0
+        gi, gw = nbytes(x), (nbytes(weight) if output_mask[1] else 0)
+        full = x.shape[0] * x.shape[1] * math.prod(weight.shape[2:]) * math.prod(grad_output.shape[2:]) * x.element_size()
+        return max(gi + full, gi + gw + columns) - gi - gw
+    if not _onednn_cpu(x, weight, stride, padding, dilation, groups) or x.dim() == 5 or _onednn_gemm(x, weight, groups):
+        return 0  # named (_conv_kind)
     if onednn_block() == 8:
         return _avx2_backward(grad_output, x, weight, stride, groups, output_mask, results)
     go, xin, w = nbytes(grad_output), (nbytes(x) if x.shape[1] % 8 == 0 else 0), nbytes(weight)

@@ -132,7 +132,7 @@ def _memory_line(label: str, memory: dict) -> str:
     if memory.get("basis_note"):
         line += f"; {memory['basis_note']}"
     if memory.get("unmodelled_scratch"):  # a figure that may be low, said so
-        line += ("; ops run by the peak whose kernel's own scratch is not modelled (the figure may be low): "
+        line += ("; ops whose kernel's own scratch is not modelled (the peak may be higher): "
                  + ", ".join(f"{op} ×{n}" for op, n in memory["unmodelled_scratch"].items()))
     cuda = memory.get("cuda")
     if cuda:  # counted as a GPU runs it: the caching allocator's view beside the bytes live
