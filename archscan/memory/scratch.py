@@ -130,13 +130,21 @@ def _cpu_backend(x, weight, stride, padding, dilation, transposed, groups) -> st
     has none for this CPU), None off the CPU or where torch cannot tell."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or x.device.type != "cpu":
         return None
-    dims = x.dim() - 2
-    try:
-        backend = torch._C._select_conv_backend(x, weight, None, list(stride), list(padding), list(dilation),
-                                                bool(transposed), [0] * dims, int(groups))
-    except Exception:
-        return None
-    return _UNBOUND_BACKENDS.get(backend.value) if backend.name == "???" else backend.name
+    key = (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
+           tuple(stride), tuple(padding), tuple(dilation), bool(transposed), int(groups), torch.get_num_threads())
+    if key not in _BACKENDS:
+        if len(_BACKENDS) > 4096:  # a long-lived process scanning many models
+            _BACKENDS.clear()
+        try:
+            backend = torch._C._select_conv_backend(x, weight, None, list(stride), list(padding), list(dilation),
+                                                    bool(transposed), [0] * (x.dim() - 2), int(groups))
+            _BACKENDS[key] = _UNBOUND_BACKENDS.get(backend.value) if backend.name == "???" else backend.name
+        except Exception:
+            _BACKENDS[key] = None
+    return _BACKENDS[key]
+
+
+_BACKENDS: dict[tuple, str | None] = {}  # the choice by shapes, layouts and arguments: a scan asks for each conv several times
 
 
 # ConvBackend members torch's Python binding leaves unnamed, by their value in ATen's ConvUtils.h
