@@ -95,9 +95,6 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
         _conv_kind(x, w, stride, padding, dilation, transposed, groups),
     aten.convolution_backward: lambda g, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, *rest:
         _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward=True),
-    aten._fft_r2c: lambda *args: "fft",
-    aten._fft_c2r: lambda *args: "fft",
-    aten._fft_c2c: lambda *args: "fft",
     aten._thnn_fused_lstm_cell: lambda *args: "lstm",
     aten._thnn_fused_lstm_cell_backward_impl: lambda *args: "lstm",
     aten._thnn_fused_gru_cell: lambda *args: "gru",
@@ -369,6 +366,55 @@ def layer_norm_backward_scratch(grad_out, x, normalized_shape, mean, rstd, weigh
         return 0
     partial = 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4 if output_mask[1] or output_mask[2] else 0
     return _copied(grad_out, x) + partial
+
+
+def _collapses(sizes, strides) -> bool:
+    """Do these dims (outermost first) merge into one as a view (``Tensor.view``'s rule: each
+    stride is the next one's times its size; dims of size 1 anywhere)?"""
+    dims = [(n, st) for n, st in zip(sizes, strides) if n != 1]
+    return all(outer == inner * n for (_, outer), (n, inner) in zip(dims, dims[1:]))
+
+
+def _fft_copies(sizes, strides, dim) -> bool:
+    """Does the CPU's FFT (``_exec_fft``) copy its input: it permutes the batch dims (those not
+    transformed) outermost, by stride, and reshapes them into one, which copies where they do not
+    merge as a view (a transform over dims 1 and 3 of a contiguous tensor)."""
+    batch = sorted((d for d in range(len(sizes)) if d not in dim), key=lambda d: -strides[d])
+    return not _collapses([sizes[d] for d in batch], [strides[d] for d in batch])
+
+
+def _fft_layout(sizes, strides, dim) -> tuple:
+    """The strides of an FFT's result: contiguous with the batch dims outermost (by the input's
+    strides) and the transformed dims innermost, in their order."""
+    order = sorted((d for d in range(len(sizes)) if d not in dim), key=lambda d: -strides[d]) + list(dim)
+    out, step = [0] * len(sizes), 1
+    for d in reversed(order):
+        out[d], step = step, step * sizes[d]
+    return tuple(out)
+
+
+@register_scratch(aten._fft_r2c, aten._fft_c2c)
+def fft_scratch(x, dim, normalization, *rest, out):
+    """The CPU's FFT copies an input whose batch dims do not merge as a view (``_fft_copies``);
+    read from the allocator's events, exact on 90 shapes and dims each (torch 2.13)."""
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        return 0
+    dim = [d % x.dim() for d in dim]
+    return nbytes(x) if _fft_copies(x.shape, x.stride(), dim) else 0
+
+
+@register_scratch(aten._fft_c2r)
+def fft_c2r_scratch(x, dim, normalization, last_dim_size, *, out):
+    """A complex-to-real FFT over several dims runs a complex FFT over all but the last into a new
+    tensor of the input's size (``_fft_layout``), then the real one over the last, which copies that
+    tensor when its batch dims do not merge (``_fft_copies``); over one dim, only that copy."""
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        return 0
+    dim = [d % x.dim() for d in dim]
+    if len(dim) == 1:
+        return nbytes(x) if _fft_copies(x.shape, x.stride(), dim) else 0
+    middle = _fft_layout(x.shape, x.stride(), dim[:-1])
+    return nbytes(x) + (nbytes(x) if _fft_copies(x.shape, middle, dim[-1:]) else 0)
 
 
 def _blas_ready(t) -> bool:
