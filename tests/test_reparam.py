@@ -129,6 +129,73 @@ def test_cli_shows_the_deployed_totals(tmp_path, capsys):
     assert "\ndeployed   " in out and "multi-branch" in out
 
 
+class NormAct(nn.Module):
+    """timm's BatchNormAct2d: a batch norm, then a dropout and an activation that are Identities."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.bn, self.drop, self.act = nn.BatchNorm2d(c), nn.Identity(), nn.Identity()
+
+    def forward(self, x):
+        return self.act(self.drop(self.bn(x)))
+
+
+class TimmStyleBlock(nn.Module):
+    """MobileOne as timm writes it: the sum starts at ``0`` and grows in place (``out += conv(x)``),
+    each branch's norm ends in Identities, the identity branch is added after a drop path."""
+
+    def __init__(self, cin, cout, branches):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), NormAct(cout))
+                                   for _ in range(branches))
+        self.scale = nn.Sequential(nn.Conv2d(cin, cout, 1, bias=False), NormAct(cout))
+        self.identity = NormAct(cout) if cin == cout else None
+        self.drop_path = nn.Identity()
+
+    def forward(self, x):
+        out = 0
+        out += self.scale(x)
+        for conv in self.convs:
+            out += conv(x)
+        out = self.drop_path(out)
+        if self.identity is not None:
+            out = out + self.identity(x)
+        return F.relu(out)
+
+
+class TimmStyleNet(nn.Module):
+    """A stem block that reads the model's input directly, then three blocks."""
+
+    def __init__(self, c=16, branches=4):
+        super().__init__()
+        self.stem = TimmStyleBlock(3, c, 1)
+        self.blocks = nn.Sequential(*[TimmStyleBlock(c, c, branches) for _ in range(3)])
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def test_timm_style_blocks_are_found():
+    """In-place sums from 0, Identities after the norms, a stem on the model's input: the four blocks
+    found, as deployed the multiply-adds of one 3×3 convolution each (timm's mobileone_s0: 1,051,935,232
+    as built, 275,110,400 as deployed, equal to timm.utils.reparameterize_model's)."""
+    report = archscan.scan(TimmStyleNet(), [(1, 3, 16, 16)], rules=["reparameterize"], recommend=False)
+    (f,) = report.findings
+    assert f.evidence["count"] == 4
+    plain = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), *[nn.Conv2d(16, 16, 3, padding=1) for _ in range(3)])
+    head = 16 * 10
+    assert f.evidence["as_deployed_flops"] == archscan.scan(plain, [(1, 3, 16, 16)], rules=[], recommend=False).totals.flops + head
+
+
+def test_timm_mobileone_as_deployed_equals_timms_reparameterized_model():
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("mobileone_s0")
+    (f,) = archscan.scan(model, [(1, 3, 224, 224)], rules=["reparameterize"], recommend=False).findings
+    deployed = archscan.scan(timm.utils.reparameterize_model(model), [(1, 3, 224, 224)], rules=[], recommend=False)
+    assert f.evidence["as_deployed_flops"] == deployed.totals.flops
+
+
 class Residual(nn.Module):
     """A ResNet basic block: its branch is two convolutions deep, so it is no branch sum."""
 

@@ -45,9 +45,19 @@ class BranchSum:
         return sum(n.mac_bytes for n in self.nodes)
 
 
+_ADDS = ("operator.add", "operator.iadd", "add", "add_", "iadd", "aten.add.Tensor", "aten.add_.Tensor", "torch.add",
+         "Tensor.add", "Tensor.add_")
+
+
 def _is_add(n: NodeReport) -> bool:
-    return n.category == "elementwise" and (n.op in ("operator.add", "add", "aten.add.Tensor", "torch.add")
-                                            or n.aten_ops in (("aten.add.Tensor",),))
+    """An addition of two tensors, in place or not (timm's MobileOne blocks sum ``out += conv(x)``)."""
+    return n.category == "elementwise" and (n.op in _ADDS or n.aten_ops in (("aten.add.Tensor",), ("aten.add_.Tensor",)))
+
+
+def _is_identity(n: NodeReport) -> bool:
+    """A node that passes its one input on unchanged (an ``nn.Identity``, or a dropout in eval)."""
+    return len(n.inputs) == 1 and not n.aten_ops and n.category == "view" and n.flops == 0 \
+        and (n.op in ("Identity", "Dropout") or n.module_type in ("Identity", "Dropout"))
 
 
 def _is_batch_norm(n: NodeReport) -> bool:
@@ -71,12 +81,22 @@ def branch_sums(ctx: RuleContext) -> list[BranchSum]:
     def only_user(name: str) -> bool:
         return g.out_degree(name) == 1
 
+    def through(name: str) -> str:
+        """Past the identities a branch's output passes (timm's ``BatchNormAct2d`` ends in an
+        ``Identity`` dropout and activation) and additions of a constant (timm's MobileOne starts
+        its sum at ``0``; any constant folds into the deployed bias): the node that computes it."""
+        m = nodes.get(name)
+        while m is not None and (_is_identity(m) or (_is_add(m) and len(m.inputs) == 1)) and only_user(name):
+            name = m.inputs[0]
+            m = nodes.get(name)
+        return name
+
     for n in reversed(ctx.report.nodes):  # the last addition of a tree first: it holds the whole tree
         if n.name in used or not _is_add(n) or len(n.inputs) != 2:
             continue
         adds, leaves, stack = [n], [], list(n.inputs)
         while stack:
-            name = stack.pop()
+            name = through(stack.pop())
             m = nodes.get(name)
             if m is not None and _is_add(m) and len(m.inputs) == 2 and only_user(name):
                 adds.append(m)
@@ -85,14 +105,16 @@ def branch_sums(ctx: RuleContext) -> list[BranchSum]:
                 leaves.append(name)
         branches = []  # (source, conv or None, norm or None)
         for name in leaves:
+            name = through(name)
             m = nodes.get(name)
             conv = norm = None
             if m is not None and _is_batch_norm(m) and only_user(name) and len(m.inputs) == 1:
-                norm, m = m, nodes.get(m.inputs[0])
-                name = norm.inputs[0]
-            if m is not None and m.category in _CONVS and only_user(m.name) and len(m.inputs) == 1 \
+                norm, m = m, nodes.get(through(m.inputs[0]))
+                name = through(norm.inputs[0])
+            read = (m.inputs or [f"input {i}" for i in m.attrs.get("shared_inputs", ())]) if m is not None else []
+            if m is not None and m.category in _CONVS and only_user(m.name) and len(read) == 1 \
                     and m.attrs.get("kernel") and not m.attrs.get("transposed"):
-                conv, name = m, m.inputs[0]
+                conv, name = m, read[0]  # a model input several nodes read: by its name (a stem's branches)
             branches.append((name, conv, norm))
         sources = {s for s, _, _ in branches}
         convs = [c for _, c, _ in branches if c is not None]
