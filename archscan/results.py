@@ -257,3 +257,21 @@ def _node_json(n: NodeReport) -> dict:
             d[name] = list(v) if isinstance(v, tuple) else v
     d["attrs"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in n.attrs.items()}
     return d
+
+
+def export_failure(report: Report) -> str | None:
+    """Why torch.export failed on the model in this scan, from the capture notes ('export failed
+    (why)'), or None: it worked, or was not tried. An exported graph that archscan's own run could
+    not follow ('graph did not run') is no failure of export: ``archscan fuse`` still exports it."""
+    for note in report.capture_notes:
+        at = note.find("export failed (")
+        if at < 0:
+            continue
+        depth, start = 0, at + len("export failed (")
+        for i in range(start - 1, len(note)):
+            depth += {"(": 1, ")": -1}.get(note[i], 0)
+            if depth == 0:
+                why = note[start:i]
+                return None if why.startswith("graph did not run") else why
+        return note[start:]
+    return None

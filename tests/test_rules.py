@@ -127,6 +127,25 @@ def test_only_the_sync_a_capture_failed_on_claims_it():
     assert "also why" not in count.message and count.evidence["capture"] == []
 
 
+class FoldableBehindABranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return y.relu() if y.mean() > 0 else y  # export fails here
+
+
+def test_fuse_finding_does_not_send_to_archscan_fuse_when_export_failed():
+    """`archscan fuse` needs torch.export: where export failed in the same scan (a detection model's
+    data-dependent code), the finding says how to fold by hand instead."""
+    (f,) = findings(FoldableBehindABranch().eval(), [(1, 3, 8, 8)], "fuse-conv-bn")
+    assert "`archscan fuse` writes" not in f.fix and "fuse_conv_bn_eval" in f.fix and "export" in f.fix
+    (g,) = findings(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).eval(), [(1, 3, 8, 8)], "fuse-conv-bn")
+    assert "`archscan fuse` writes" in g.fix
+
+
 def test_host_tensor(toy):
     made, moved = findings(f"{toy}:HostTensor", [(4, 8)], "host-tensor")
     assert made.saving["copies"] == 2 and made.source.endswith("toy.py:173")

@@ -53,7 +53,7 @@ from collections import Counter
 from typing import Callable
 
 from ..measure.predict import kernels
-from ..results import NodeReport, Recommendation, Report
+from ..results import NodeReport, Recommendation, Report, export_failure
 from ..rules.context import RuleContext, dtype_size
 from ..rules.hygiene import conv_bn_pairs, elementwise_links
 from .attention import attention_patterns
@@ -118,24 +118,6 @@ class Context:
 
 def _where(nodes: list[NodeReport]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.module or n.name for n in nodes))
-
-
-def export_failure(report: Report) -> str | None:
-    """Why torch.export failed on the model in this scan, from the capture notes ('export failed
-    (why)'), or None: it worked, or was not tried. An exported graph that archscan's own run could
-    not follow ('graph did not run') is no failure of export: ``archscan fuse`` still exports it."""
-    for note in report.capture_notes:
-        at = note.find("export failed (")
-        if at < 0:
-            continue
-        depth, start = 0, at + len("export failed (")
-        for i in range(start - 1, len(note)):
-            depth += {"(": 1, ")": -1}.get(note[i], 0)
-            if depth == 0:
-                why = note[start:i]
-                return None if why.startswith("graph did not run") else why
-        return note[start:]
-    return None
 
 
 def foldable_pairs(ctx: Context) -> tuple[list[tuple[NodeReport, NodeReport, NodeReport | None]], Counter]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..results import Finding, NodeReport
+from ..results import Finding, NodeReport, export_failure
 from ..units import fmt_count
 from .context import CONV_CATEGORIES, RuleContext
 from .guidelines import RELEVANT_SHARE
@@ -49,8 +49,10 @@ def check_fuse_conv_bn(ctx: RuleContext) -> list[Finding]:
         evidence={"pairs": [{"conv": c.name, "norm": b.name, "activation": a.name if a else None}
                             for c, b, a in pairs[:_SHOW]], "count": len(pairs)},
         saving={"mac_bytes": saved, "kernels": len(pairs), "params": sum(b.params for _, b, _ in pairs)},
-        fix="fold BN into the conv weights: `archscan fuse` writes the folded model as a .pt2 "
-            "(torch.nn.utils.fusion.fuse_conv_bn_eval does one pair)",
+        fix=("fold BN into the conv weights: `archscan fuse` writes the folded model as a .pt2 "
+             "(torch.nn.utils.fusion.fuse_conv_bn_eval does one pair)" if export_failure(ctx.report) is None else
+             "fold BN into the conv weights with torch.nn.utils.fusion.fuse_conv_bn_eval, pair by pair, in the "
+             "model's code (`archscan fuse` needs torch.export, which failed on this model)"),
         source=pairs[0][1].source,
     )]
 
