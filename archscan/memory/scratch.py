@@ -16,6 +16,7 @@ convolution workspaces (``cudnn.py``: a rule read from the recorded runs). cuBLA
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable
 
@@ -136,7 +137,7 @@ def _cpu_backend(x, weight, stride, padding, dilation, transposed, groups) -> st
             backend = torch._C._select_conv_backend(x, weight, None, list(stride), list(padding), list(dilation),
                                                     bool(transposed), [0] * (x.dim() - 2), int(groups))
             _BACKENDS[key] = _UNBOUND_BACKENDS.get(backend.value) if backend.name == "???" else backend.name
-        except Exception:
+        except (RuntimeError, TypeError, ValueError):  # arguments torch refuses: no kernel to name
             _BACKENDS[key] = None
     return _BACKENDS[key]
 
@@ -372,7 +373,7 @@ def _collapses(sizes, strides) -> bool:
     """Do these dims (outermost first) merge into one as a view (``Tensor.view``'s rule: each
     stride is the next one's times its size; dims of size 1 anywhere)?"""
     dims = [(n, st) for n, st in zip(sizes, strides) if n != 1]
-    return all(outer == inner * n for (_, outer), (n, inner) in zip(dims, dims[1:]))
+    return all(outer == inner * n for (_, outer), (n, inner) in itertools.pairwise(dims))
 
 
 def _fft_copies(sizes, strides, dim) -> bool:
