@@ -331,6 +331,21 @@ def test_convolution_scratch_follows_the_kernel_torch_chooses(name):
     assert_conv_scratch(conv, torch.float32, SLOW_BACKWARD_MASKS if slow else ())
 
 
+def test_gemm_weight_gradient_on_one_thread():
+    """oneDNN's gemm weight gradient (maps smaller than the kernel: ResNet-18's last stage at 64×64
+    pixels) keeps four partial weights per thread on one thread too; with one thread the step was
+    0.81-0.85 of the allocator's and a --memory budget answered batch 48 where 32 fits."""
+    from archscan.memory.scratch import onednn_block
+    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+        pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert_conv_scratch(ONEDNN_AVX2_CONVS["gemm"], torch.float32, ([False, True, False], [True, True, False]))
+    finally:
+        torch.set_num_threads(threads)
+
+
 FFT_DIMS = ([3], [1], [2, 3], [1, 2, 3], [1, 3], [0, 2], [0, 1, 2, 3])
 
 

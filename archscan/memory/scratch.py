@@ -333,7 +333,8 @@ def _avx2_backward(grad_output, x, weight, stride, groups: int, output_mask, res
     if not depthwise and groups == 1 and spatial[0] < kernel[0]:  # the gemm kernel
         threads = min(torch.get_num_threads(), n)
         columns = cin * math.prod(kernel) * math.prod(grad_output.shape[2:]) * size
-        partial = columns if threads == 1 else threads * (4 * nbytes(weight) + columns) + ONEDNN_GEMM_BYTES
+        # one image on one thread: its columns alone; one thread for the batch: four partial weights too
+        partial = columns if n == 1 else threads * (4 * nbytes(weight) + columns) + ONEDNN_GEMM_BYTES
         return max(worst, held + nbytes(weight) + partial - results)
     x_blocked = gi_blocked if cin >= 8 else 0
     reduction = 0
