@@ -326,7 +326,10 @@ def _avx2_backward(grad_output, x, weight, stride, groups: int, output_mask, res
     w = (_blocked(cout) * math.prod(kernel) if depthwise  # the weight gradient's scratchpad
          else _blocked(cout) * (_blocked(cin_g) if cin_g >= 8 else cin_g) * math.prod(kernel)) * size
     gi_blocked, gi = n * _blocked(cin) * math.prod(spatial) * size, nbytes(x)
-    worst = max(go + w_data + gi_blocked, gi_blocked + gi) - results if output_mask[0] else 0
+    # a strided input gradient is computed into one more input-sized buffer before the copy out (and a
+    # scratchpad of a few pages whose size follows the kernel's blocking: not counted)
+    strided = gi if any(st > 1 for st in stride) and not depthwise else 0
+    worst = max(go + w_data + gi_blocked, gi_blocked + strided + gi) - results if output_mask[0] else 0
     if not output_mask[1]:
         return max(worst, 0)
     held = gi if output_mask[0] else 0  # the input gradient, a result, is live by then
