@@ -25,6 +25,7 @@ import torch
 from .gpu import current
 from .cudnn import conv_backward_workspaces, conv_workspaces
 from .reduction import reduction_scratch, threads_per_sm
+from . import rnn
 
 aten = torch.ops.aten
 
@@ -99,8 +100,10 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
     aten._thnn_fused_lstm_cell: lambda *args: "lstm",
     aten._thnn_fused_lstm_cell_backward_impl: lambda *args: "lstm",
     aten._thnn_fused_gru_cell: lambda *args: "gru",
-    aten.mkldnn_rnn_layer: lambda *args: "rnn (oneDNN)",
-    aten.mkldnn_rnn_layer_backward: lambda *args: "rnn (oneDNN)",
+    aten.mkldnn_rnn_layer: lambda x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden, layers, has_biases,
+    *rest: None if _lstm_modelled(x, mode, has_biases, batch_sizes) else "rnn (oneDNN)",
+    aten.mkldnn_rnn_layer_backward: lambda x, w_ih, w_hh, b_ih, b_hh, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
+    hidden, layers, has_biases, *rest: None if _lstm_modelled(x, mode, has_biases, rest[2]) else "rnn (oneDNN)",
 }
 
 
@@ -371,6 +374,64 @@ def layer_norm_backward_scratch(grad_out, x, normalized_shape, mean, rstd, weigh
         return 0
     partial = 2 * torch.get_num_threads() * math.prod(normalized_shape) * 4 if output_mask[1] or output_mask[2] else 0
     return _copied(grad_out, x) + partial
+
+
+def _lstm_modelled(x, mode: int, has_biases: bool, batch_sizes) -> bool:
+    """``archscan.memory.rnn`` covers the call, on a CPU whose oneDNN blocks as AVX2's does."""
+    return rnn.modelled(x, mode, has_biases, batch_sizes) and onednn_block() == 8
+
+
+@register_scratch(aten.mkldnn_rnn_layer)
+def lstm_scratch(x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers, has_biases,
+                 bidirectional, batch_first, train, *, out):
+    """oneDNN's LSTM forward: the summed biases, its weights reordered and its scratchpad
+    (``archscan.memory.rnn``), in grad mode for the reference kernel, without for the brgemm one."""
+    if not _lstm_modelled(x, mode, has_biases, batch_sizes):
+        return 0
+    return rnn.forward_scratch(*rnn.sizes(x, w_ih), torch.is_grad_enabled(), torch.get_num_threads())
+
+
+@register_scratch(aten.mkldnn_rnn_layer_backward)
+def lstm_backward_scratch(x, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy, reverse, mode,
+                          hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, workspace,
+                          *, out):
+    """oneDNN's LSTM backward (``archscan.memory.rnn``), with the copies it makes of gradients that
+    come in missing or not contiguous, and of a cell state that shares the hidden state's storage."""
+    if not _lstm_modelled(x, mode, has_biases, batch_sizes):
+        return 0
+    T, N, I, H = rnn.sizes(x, w_ih)
+    state = N * H * 4
+
+    def copied(t) -> bool:
+        return not isinstance(t, torch.Tensor) or not t.is_contiguous()
+
+    copies = (T * N * H * 4 if copied(grad_output) else 0) + state * (copied(grad_hy) + copied(grad_cy))
+    if isinstance(hx, torch.Tensor) and isinstance(cx, torch.Tensor) and hx.untyped_storage()._cdata == cx.untyped_storage()._cdata:
+        copies += state
+    return rnn.backward_scratch(T, N, I, H, copies)
+
+
+def as_the_kernel_returns(func, out: Any) -> Any:
+    """Results as the CPU kernel returns them where torch's meta kernel differs: the LSTM backward's
+    meta kernel returns its bias gradient twice (one storage), the kernel a copy the second time
+    (two, each a parameter's gradient)."""
+    if func.overloadpacket is aten.mkldnn_rnn_layer_backward and isinstance(out, (tuple, list)) and len(out) == 7 \
+            and isinstance(out[3], torch.Tensor) and isinstance(out[4], torch.Tensor) \
+            and out[3].untyped_storage()._cdata == out[4].untyped_storage()._cdata:
+        return (*out[:4], out[4].clone(), *out[5:])
+    return out
+
+
+def hidden_result_bytes(func, args: tuple, out: Any) -> dict[int, int]:
+    """Results whose bytes fake tensors do not show, by ``id``: the workspace oneDNN's LSTM makes in
+    grad mode (torch's meta kernel returns it empty), which the backward reads."""
+    if current().is_gpu or func.overloadpacket is not aten.mkldnn_rnn_layer or not torch.is_grad_enabled():
+        return {}
+    x, w_ih, mode, has_biases, batch_sizes = args[0], args[1], args[9], args[12], args[8]
+    if not _lstm_modelled(x, mode, has_biases, batch_sizes) or not isinstance(out, (tuple, list)) or len(out) < 4 \
+            or not isinstance(out[3], torch.Tensor):
+        return {}
+    return {id(out[3]): rnn.workspace_bytes(*rnn.sizes(x, w_ih))}
 
 
 def _collapses(sizes, strides) -> bool:

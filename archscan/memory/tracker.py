@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from ..costs import tensors_in
 from ..costs.kernels import run_op
 from ..load.recording import run_higher_order
-from .scratch import scratch_bytes, unmodelled_scratch
+from .scratch import as_the_kernel_returns, hidden_result_bytes, scratch_bytes, unmodelled_scratch
 
 CATEGORIES = ("params", "grads", "optimizer_state", "activations", "temporaries", "inputs")
 TIMELINE_POINTS = 400  # the timeline keeps at most this many points (each bin's highest moment)
@@ -110,7 +110,9 @@ class MemoryTracker(TorchDispatchMode):
             self._add(t, category, "before", "")
         self.where = where
 
-    def _add(self, t: torch.Tensor, category: str, phase: str, op: str) -> bool:
+    def _add(self, t: torch.Tensor, category: str, phase: str, op: str, nbytes: int | None = None) -> bool:
+        """Track ``t``'s storage from now until it is freed; ``nbytes``: its bytes where the fake
+        tensor does not show them (``scratch.hidden_result_bytes``)."""
         if _is_wrapper(t):  # a DTensor holds the bytes of its local tensor
             return any([self._add(u, category, phase, op) for u in _inner(t)])
         try:
@@ -120,7 +122,7 @@ class MemoryTracker(TorchDispatchMode):
         key = storage._cdata
         if key in self.live:
             return False
-        nbytes = storage.nbytes()
+        nbytes = storage.nbytes() if nbytes is None else nbytes
         self.serials += 1
         record = _Storage(nbytes, category, phase, op, self.where, tuple(t.shape), str(t.dtype).replace("torch.", ""),
                           self.serials)
@@ -159,9 +161,12 @@ class MemoryTracker(TorchDispatchMode):
         for t in tensors_in((args, kwargs)):
             self._add(t, "inputs", "before", "")  # made outside the run and not registered: a constant
         out = run_op(func, args, kwargs)
+        if self.scratch is not None:
+            out = as_the_kernel_returns(func, out)
         made = self.phase == "forward" and "activations" or "temporaries"
         name = str(func.overloadpacket.__name__)
-        new = [self._add(t, made, self.phase, name) for t in tensors_in(out)]
+        hidden = hidden_result_bytes(func, args, out) if self.scratch is not None else {}
+        new = [self._add(t, made, self.phase, name, hidden.get(id(t))) for t in tensors_in(out)]
         extra = self.scratch(func, args, kwargs, out) if self.scratch is not None else 0
         unmodelled = unmodelled_scratch(func, args) if self.scratch is not None else None
         if unmodelled is not None:
