@@ -131,8 +131,12 @@ def _cpu_backend(x, weight, stride, padding, dilation, transposed, groups) -> st
     has none for this CPU), None off the CPU or where torch cannot tell."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor) or x.device.type != "cpu":
         return None
+    sizes = (*x.shape, *x.stride(), *weight.shape, *weight.stride(), *stride, *padding, *dilation, groups)
+    if any(isinstance(d, torch.SymInt) for d in sizes):  # symbolic sizes: no kernel is chosen before they are known
+        return None
     key = (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
-           tuple(stride), tuple(padding), tuple(dilation), bool(transposed), int(groups), torch.get_num_threads())
+           tuple(stride), tuple(padding), tuple(dilation), bool(transposed), int(groups), torch.get_num_threads(),
+           torch.backends.mkldnn.enabled)
     if key not in _BACKENDS:
         if len(_BACKENDS) > 4096:  # a long-lived process scanning many models
             _BACKENDS.clear()
