@@ -738,6 +738,41 @@ class ConvNeXtBlock(nn.Module):
         return x + y.permute(0, 3, 1, 2)
 
 
+@pytest.mark.parametrize("shape", [(2, 40, 56, 7), (2, 36, 56, 7), (8, 96, 16, 7), (2, 40, 56, 5), (2, 36, 30, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_channels_last_depthwise_scratch_matches_the_cpu_allocator(shape):
+    """A depthwise convolution of a channels-last input (ConvNeXt's 7×7, fed by the block before it):
+    forward and every backward mask, to the byte."""
+    from archscan.memory.scratch import onednn_block, scratch_bytes
+    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+        pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
+    n, c, h, k = shape
+    x, w = torch.randn(n, c, h, h).to(memory_format=torch.channels_last), torch.randn(c, 1, k, k)
+    args = ([1, 1], [k // 2] * 2, [1, 1], False, [0, 0], c)
+    y = torch.ops.aten.convolution(x, w, None, *args)
+    assert scratch_bytes(torch.ops.aten.convolution.default, (x, w, None, *args), {}, y) == \
+        op_scratch(lambda: torch.ops.aten.convolution(x, w, None, *args))
+    for mask in ([True, True, False], [False, True, False], [True, False, False]):
+        backward = (torch.randn_like(y), x, w, None, *args, mask)
+        grads = torch.ops.aten.convolution_backward(*backward)
+        assert scratch_bytes(torch.ops.aten.convolution_backward.default, backward, {}, list(grads)) == \
+            op_scratch(lambda: torch.ops.aten.convolution_backward(*backward)), mask
+
+
+def test_stacked_convnext_blocks_against_the_allocator():
+    """The second block's depthwise conv reads the first's output, channels-last in memory: a timm
+    ConvNeXt-atto AdamW step measured 2.2% low with such convs unmodelled. Forward and step exact,
+    nothing named."""
+    torch.manual_seed(0)
+    model, inputs = nn.Sequential(ConvNeXtBlock(), ConvNeXtBlock()), [torch.randn(2, 32, 16, 16)]
+    memory = archscan.scan(nn.Sequential(ConvNeXtBlock(), ConvNeXtBlock()), [(2, 32, 16, 16)], recommend=False,
+                           rules=[]).memory
+    assert memory["peak_bytes"] == forward_peak(model.eval(), inputs) and "unmodelled_scratch" not in memory
+    step = archscan.scan(nn.Sequential(ConvNeXtBlock(), ConvNeXtBlock()), [(2, 32, 16, 16)], recommend=False, rules=[],
+                         train=stand_in("adamw")).training_step["memory"]
+    assert step["peak_bytes"] == step_peak(model.train(), inputs, "adamw") and "unmodelled_scratch" not in step
+
+
 def test_layer_norm_of_a_permuted_input_against_the_allocator():
     """The CPU's layer norm copies an input (and, backward, a gradient) that is not contiguous: a
     ConvNeXt block's forward and training step equal the allocator's peaks."""

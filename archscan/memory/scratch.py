@@ -63,15 +63,17 @@ def _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward: bo
     forward kernels, its 1- and 2-D backward, and the transposed 2-D ones ``_plain_deconvolution``
     models. Named: oneDNN's 3-D backward (its weight gradient's scratchpad follows the thread
     partition), its gemm kernel for groups narrower than its block, the other transposed
-    convolutions, dilated and non-contiguous ones."""
+    convolutions, dilated ones, and channels-last ones but a depthwise one at stride 1
+    (``_channels_last_depthwise``)."""
     if not isinstance(x, torch.Tensor):
         return None
     dims = x.dim() - 2
     if transposed:
         return None if _plain_deconvolution(x, w, stride, padding, dilation, groups) else f"conv_transpose{dims}d"
     backend = _cpu_backend(x, w, stride, padding, dilation, transposed, groups)
-    if backend in _COLUMNS or (_onednn_cpu(x, w, stride, padding, dilation, groups) and not _onednn_gemm(x, w, groups)
-                               and not (backward and dims == 3)):
+    if backend in _COLUMNS or _channels_last_depthwise(x, w, stride, padding, dilation, groups) \
+            or (_onednn_cpu(x, w, stride, padding, dilation, groups) and not _onednn_gemm(x, w, groups)
+                and not (backward and dims == 3)):
         return None
     return f"conv{dims}d" + (" (backward)" if backward else "")
 
@@ -179,6 +181,19 @@ def _blocked(c: int) -> int:
     return -(-c // block) * block
 
 
+def _channels_last_depthwise(x, weight, stride, padding, dilation, groups: int) -> bool:
+    """A depthwise 2-D convolution of a channels-last float32 input, stride 1, odd square kernel
+    (ConvNeXt's 7×7, whose input comes permuted from the block before it) on oneDNN's AVX2
+    kernels: read from the allocator's events, exact at 1 and 2 threads, kernels 3 to 9."""
+    return (isinstance(x, torch.Tensor) and x.dim() == 4 and x.dtype == torch.float32 and x.shape[1] > 1
+            and groups == x.shape[1] and weight.shape[1] == 1 and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last) and onednn_block() == 8
+            and all(st == 1 for st in stride) and all(d == 1 for d in dilation)
+            and weight.shape[2] == weight.shape[3] and weight.shape[2] % 2 == 1
+            and all(p == weight.shape[2] // 2 for p in padding)
+            and _cpu_backend(x, weight, stride, padding, dilation, False, groups) == "Mkldnn")
+
+
 def _slow_cpu(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
     """Does the convolution take torch's own im2col kernel (``_cpu_backend``: Slow2d, Slow3d)?"""
     return _cpu_backend(x, weight, stride, padding, dilation, False, groups) in _COLUMNS
@@ -222,6 +237,8 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
     if _slow_cpu(x, weight, stride, padding, dilation, groups):
         columns = _im2col(x, weight, out, stride, padding, groups)
         return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, nbytes(out))
+    if _channels_last_depthwise(x, weight, stride, padding, dilation, groups):
+        return _blocked(weight.shape[0]) * math.prod(weight.shape[2:]) * weight.element_size()
     if not _onednn_cpu(x, weight, stride, padding, dilation, groups):
         return 0
     n, cin, *spatial = x.shape
@@ -276,6 +293,14 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
                    nbytes(grad_output) + nbytes(x) if output_mask[1] else 0)
     # a grad_output that is not contiguous (the gradient of a sum, expanded from one element: a model
     # whose output is a convolution's) is first copied whole, and the copy held through the kernel
+    if _channels_last_depthwise(x, weight, stride, padding, dilation, groups):
+        # the weight reordered (channels blocked) for the input gradient; for the weight gradient 64
+        # partial weights and the sum for a kernel larger than 3×3 (ConvNeXt's 7×7), the reordered
+        # weight and one more for a 3×3
+        blocked = _blocked(weight.shape[0]) * math.prod(weight.shape[2:]) * weight.element_size()
+        if not output_mask[1]:
+            return blocked
+        return 65 * nbytes(weight) if math.prod(weight.shape[2:]) > 9 else blocked + nbytes(weight)
     dense = (nbytes(grad_output) if _onednn_cpu(x, weight, stride, padding, dilation, groups)
              and not grad_output.is_contiguous() else 0)
     return dense + _convolution_backward_scratch(grad_output, x, weight, stride, padding, dilation, groups,
