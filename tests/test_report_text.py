@@ -230,3 +230,14 @@ def test_cli_fits_columns(capsys, monkeypatch, toy):
     out = capsys.readouterr().out
     assert "left out to fit 80 columns" in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_the_memory_line_shortens_a_library_path_as_the_findings_do():
+    """A peak inside an installed library: the memory line names the source's last parts, as the
+    findings' column does, not the machine's whole path (the JSON keeps it)."""
+    from archscan.report.text import _memory_line
+    where = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:175"
+    memory = {"peak_bytes": 1 << 20, "at_peak": {"activations": 1 << 20},
+              "peak_at": {"phase": "forward", "op": "mul", "module": "model.layers.3.mlp", "source": where}}
+    line = _memory_line("memory     ", memory)
+    assert "…/models/llama/modeling_llama.py:175" in line and "/root/" not in line and "site-packages" not in line

@@ -122,11 +122,15 @@ def totals_lines(report: Report) -> list[str]:
                      + "  (no FLOP formula; bytes counted)")
     return lines
 
+SOURCE_WIDTH = 48  # the memory line's source: '…/models/llama/modeling_llama.py:175'
+
+
 def _memory_line(label: str, memory: dict) -> str:
     at, where = memory["at_peak"], memory["peak_at"]
     parts = ", ".join(f"{fmt_bytes(v)} {k.replace('_', ' ')}" for k, v in at.items() if v)
     place = where.get("module") or where.get("node") or "(model)"
-    source = f" at {where['source']}" if where.get("source") else ""
+    # a library's source shortened as the findings' column shortens it (the JSON keeps the whole path)
+    source = f" at {_abbrev(where['source'], SOURCE_WIDTH, '/')}" if where.get("source") else ""
     line = (f"{label}{fmt_bytes(memory['peak_bytes'])} peak ({parts}) in the {where['phase']}, "
             f"{where['op']} of {place}{source}")
     if memory.get("basis_note"):
