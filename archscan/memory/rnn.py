@@ -25,6 +25,9 @@ and the op is named as not modelled).
 
 from __future__ import annotations
 
+import functools
+import re
+
 import torch
 
 PAGE = 4096
@@ -112,11 +115,18 @@ def backward_scratch(T: int, N: int, I: int, H: int, copies: int) -> int:
     return copies + reorders + gradients + _bookings((pad, PAGE))
 
 
+@functools.cache
+def onednn_3() -> bool:
+    """Is torch built with oneDNN 3 (whose RNN layout the formulas read; torch's build config says)?"""
+    found = re.search(r"MKL-DNN v(\d+)\.", torch.__config__.show())
+    return found is not None and found.group(1) == "3"
+
+
 def modelled(x: torch.Tensor, mode: int, has_biases: bool, batch_sizes) -> bool:
     """Is this call one the formulas cover: an LSTM of float32 with biases on the CPU, not a packed
-    sequence? (The caller checks the CPU blocks as AVX2's does: ``scratch.onednn_block``.)"""
+    sequence, with oneDNN 3? (The caller checks the CPU blocks as AVX2's does: ``scratch.onednn_block``.)"""
     return (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
-            and mode == LSTM and has_biases and not batch_sizes)
+            and mode == LSTM and has_biases and not batch_sizes and onednn_3())
 
 
 def sizes(x: torch.Tensor, w_ih: torch.Tensor) -> tuple[int, int, int, int]:
