@@ -135,7 +135,16 @@ class _Handed(TorchDispatchMode):
         if not self.handed:
             return []
         torch.distributed.barrier()  # every rank's collectives are done; their workers let go just after
-        time.sleep(0.2)
+        # a loaded machine delays a worker's letting go: wait until no handed storage has gone for
+        # SETTLE seconds (the ones the program itself holds never go), at most WAIT
+        gone, quiet_since, start = -1, time.monotonic(), time.monotonic()
+        while time.monotonic() - start < WAIT:
+            now = sum(ref.expired() for refs in self.handed for _, ref in refs)
+            if now != gone:
+                gone, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= SETTLE:
+                break
+            time.sleep(0.05)
         ends, stack = {}, list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             ev = stack.pop()
@@ -146,6 +155,7 @@ class _Handed(TorchDispatchMode):
 
 
 _HANDED = "oracle.handed#"
+SETTLE, WAIT = 1.0, 10.0  # seconds without a handed storage going, and at most, before the books close
 
 
 class _Collectives(TorchDispatchMode):
