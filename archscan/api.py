@@ -315,9 +315,7 @@ def _budget_section(report: Report, model: nn.Module, target, specs, kwargs, dty
                                           lambda paths: run(dataclasses.replace(train, checkpoint=paths), dtype, specs),
                                           count=counted)
             except CaptureError as exc:  # the budget's answer stands; the plan says why it has none
-                plan = {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget.bytes,
-                        "fits": False, "runs": None, "smallest_peak_bytes": None,
-                        "reason": f"the step with checkpointed blocks did not run ({exc.args[0]})"}
+                plan = mb.no_plan(budget.bytes, f"the step with checkpointed blocks did not run ({exc.args[0]})")
             section["checkpoint_plan"] = {**plan, **({"code": mb.checkpoint_code(plan["modules"], plan.get("cache_off", False))} if plan["modules"] else {})}
     else:
         def peak_of(batch: int) -> int:

@@ -312,10 +312,17 @@ def checkpoint_plan(step: dict, rows: list[dict], budget: int,
                     "recompute_flops": by_stage["phases"]["recompute"]["flops"], "budget_bytes": budget,
                     "fits": True, "runs": len(tried) + 1, **_cache_off(by_stage)}
     least = min(smallest, default=count(step["memory"]))
+    return no_plan(budget, "no checkpointing fits: the peak is in the optimizer step"
+                   if step["memory"]["peak_at"]["phase"] == "optimizer"
+                   else f"checkpointing every block{' or stage' if stages else ''} reaches {fmt_bytes(least)} at best",
+                   least, len(tried) + bool(stages))
+
+
+def no_plan(budget: int, reason: str, smallest: int | None = None, runs: int | None = None) -> dict:
+    """A checkpoint plan that does not fit ``budget`` and why: the smallest peak reached and the
+    analyses run, where known (None when the checkpointed step could not run)."""
     return {"modules": [], "peak_bytes": None, "recompute_flops": 0, "budget_bytes": budget, "fits": False,
-            "smallest_peak_bytes": least, "runs": len(tried) + bool(stages),
-            "reason": ("no checkpointing fits: the peak is in the optimizer step" if step["memory"]["peak_at"]["phase"] == "optimizer"
-                       else f"checkpointing every block{' or stage' if stages else ''} reaches {fmt_bytes(least)} at best")}
+            "smallest_peak_bytes": smallest, "runs": runs, "reason": reason}
 
 
 def _cache_off(step: dict) -> dict:

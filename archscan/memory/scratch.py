@@ -70,8 +70,7 @@ def _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward: bo
     dims = x.dim() - 2
     if transposed:
         return None if _plain_deconvolution(x, w, stride, padding, dilation, groups) else f"conv_transpose{dims}d"
-    backend = _cpu_backend(x, w, stride, padding, dilation, transposed, groups)
-    if backend in _COLUMNS or _channels_last_depthwise(x, w, stride, padding, dilation, groups) \
+    if _slow_cpu(x, w, stride, padding, dilation, groups) or _channels_last_depthwise(x, w, stride, padding, dilation, groups) \
             or (_onednn_cpu(x, w, stride, padding, dilation, groups) and not _onednn_gemm(x, w, groups)
                 and not (backward and dims == 3)):
         return None
@@ -194,6 +193,11 @@ def _channels_last_depthwise(x, weight, stride, padding, dilation, groups: int) 
             and _cpu_backend(x, weight, stride, padding, dilation, False, groups) == "Mkldnn")
 
 
+def _depthwise_blocked(weight: torch.Tensor) -> int:
+    """A depthwise weight in oneDNN's blocked layout: its channels padded to the block."""
+    return _blocked(weight.shape[0]) * math.prod(weight.shape[2:]) * weight.element_size()
+
+
 def _slow_cpu(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
     """Does the convolution take torch's own im2col kernel (``_cpu_backend``: Slow2d, Slow3d)?"""
     return _cpu_backend(x, weight, stride, padding, dilation, False, groups) in _COLUMNS
@@ -238,7 +242,7 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
         columns = _im2col(x, weight, out, stride, padding, groups)
         return columns if groups == 1 else max(_slow_grouped(x, groups) + columns, nbytes(out))
     if _channels_last_depthwise(x, weight, stride, padding, dilation, groups):
-        return _blocked(weight.shape[0]) * math.prod(weight.shape[2:]) * weight.element_size()
+        return _depthwise_blocked(weight)
     if not _onednn_cpu(x, weight, stride, padding, dilation, groups):
         return 0
     n, cin, *spatial = x.shape
@@ -251,8 +255,8 @@ def convolution_scratch(x, weight, bias, stride, padding, dilation, transposed, 
     if x.dim() == 4 and math.prod(kernel) == 1 and any(st > 1 for st in stride):
         # a strided 1×1 reads a compacted input: one image's per thread
         x_blocked += torch.get_num_threads() * _blocked(cin) * math.prod(out.shape[2:]) * size + ONEDNN_PAD_BYTES
-    w_blocked = (_blocked(cout) * math.prod(kernel) if depthwise
-                 else _blocked(cout) * (_blocked(cin_g) if cin >= 8 else cin_g) * math.prod(kernel)) * size
+    w_blocked = (_depthwise_blocked(weight) if depthwise
+                 else _blocked(cout) * (_blocked(cin_g) if cin >= 8 else cin_g) * math.prod(kernel) * size)
     out_blocked = n * _blocked(cout) * math.prod(out.shape[2:]) * size
     return max(x_blocked + w_blocked + out_blocked, out_blocked + nbytes(out)) - nbytes(out)
 
@@ -297,7 +301,7 @@ def convolution_backward_scratch(grad_output, x, weight, bias_sizes, stride, pad
         # the weight reordered (channels blocked) for the input gradient; for the weight gradient 64
         # partial weights and the sum for a kernel larger than 3×3 (ConvNeXt's 7×7), the reordered
         # weight and one more for a 3×3
-        blocked = _blocked(weight.shape[0]) * math.prod(weight.shape[2:]) * weight.element_size()
+        blocked = _depthwise_blocked(weight)
         if not output_mask[1]:
             return blocked
         return 65 * nbytes(weight) if math.prod(weight.shape[2:]) > 9 else blocked + nbytes(weight)
@@ -470,18 +474,22 @@ def _collapses(sizes, strides) -> bool:
     return all(outer == inner * n for (_, outer), (n, inner) in itertools.pairwise(dims))
 
 
+def _fft_batch(strides, dim) -> list[int]:
+    """The CPU's FFT (``_exec_fft``) puts the batch dims (those not transformed) outermost, by stride."""
+    return sorted((d for d in range(len(strides)) if d not in dim), key=lambda d: -strides[d])
+
+
 def _fft_copies(sizes, strides, dim) -> bool:
-    """Does the CPU's FFT (``_exec_fft``) copy its input: it permutes the batch dims (those not
-    transformed) outermost, by stride, and reshapes them into one, which copies where they do not
-    merge as a view (a transform over dims 1 and 3 of a contiguous tensor)."""
-    batch = sorted((d for d in range(len(sizes)) if d not in dim), key=lambda d: -strides[d])
+    """Does the CPU's FFT copy its input: it reshapes the batch dims (``_fft_batch``) into one, which
+    copies where they do not merge as a view (a transform over dims 1 and 3 of a contiguous tensor)."""
+    batch = _fft_batch(strides, dim)
     return not _collapses([sizes[d] for d in batch], [strides[d] for d in batch])
 
 
 def _fft_layout(sizes, strides, dim) -> tuple:
-    """The strides of an FFT's result: contiguous with the batch dims outermost (by the input's
-    strides) and the transformed dims innermost, in their order."""
-    order = sorted((d for d in range(len(sizes)) if d not in dim), key=lambda d: -strides[d]) + list(dim)
+    """The strides of an FFT's result: contiguous with the batch dims outermost (``_fft_batch``)
+    and the transformed dims innermost, in their order."""
+    order = _fft_batch(strides, dim) + list(dim)
     out, step = [0] * len(sizes), 1
     for d in reversed(order):
         out[d], step = step, step * sizes[d]

@@ -104,13 +104,12 @@ def branch_sums(ctx: RuleContext) -> list[BranchSum]:
             else:
                 leaves.append(name)
         branches = []  # (source, conv or None, norm or None)
-        for name in leaves:
-            name = through(name)
+        for name in leaves:  # already past identities (``through``)
             m = nodes.get(name)
             conv = norm = None
             if m is not None and _is_batch_norm(m) and only_user(name) and len(m.inputs) == 1:
-                norm, m = m, nodes.get(through(m.inputs[0]))
-                name = through(norm.inputs[0])
+                name = through(m.inputs[0])
+                norm, m = m, nodes.get(name)
             read = (m.inputs or [f"input {i}" for i in m.attrs.get("shared_inputs", ())]) if m is not None else []
             if m is not None and m.category in _CONVS and only_user(m.name) and len(read) == 1 \
                     and m.attrs.get("kernel") and not m.attrs.get("transposed"):
