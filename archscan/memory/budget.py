@@ -414,5 +414,5 @@ def _half_prefix(model: nn.Module, rows: Sequence[dict], frozen: Sequence[str]) 
 
 
 __all__ = ["Budget", "parse_budget", "on_execution", "counted_bytes", "batched", "check_batchable", "check_weights_fit", "largest_batch", "blocks",
-           "candidates", "checkpoint_plan", "checkpoint_code", "what_ifs"]
+           "candidates", "checkpoint_plan", "checkpoint_code", "no_plan", "what_ifs"]
 
