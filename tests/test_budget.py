@@ -13,6 +13,7 @@ import torch.nn as nn
 
 import archscan
 from archscan.errors import ArchscanError
+from archscan.memory.scratch import onednn_block
 from archscan import zoo
 from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory.budget import Budget, batched, blocks, largest_batch, parse_budget
@@ -242,7 +243,11 @@ def test_what_ifs_are_re_analysed_steps():
     # bf16 parameters: on a CPU without native bf16 convolutions torch runs them on its own im2col
     # kernel, whose column buffers can outweigh the halved tensors: the allocator's step says which
     want = step_peak(small_cnn().to(torch.bfloat16), [t.to(torch.bfloat16) for t in _real(specs, 4)], "adamw")
-    assert abs(ifs["bf16 parameters"]["peak_bytes"] - want) <= 0.01 * want, (ifs["bf16 parameters"], want)
+    bf16 = ifs["bf16 parameters"]
+    if onednn_block() == 8:
+        assert abs(bf16["peak_bytes"] - want) <= 0.01 * want, (bf16, want)
+    else:  # AVX-512: oneDNN's bfloat16 convolutions, whose scratch is not modelled there, are named
+        assert any(name.startswith("conv2d (bfloat16") for name in bf16["unmodelled_scratch"]), bf16
     assert "gradient accumulation: 2 steps of batch 2" in ifs and ifs["gradient accumulation: 2 steps of batch 2"]["flops_delta"] == 0
 
 

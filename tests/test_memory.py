@@ -98,8 +98,24 @@ def test_training_step_peak_matches_the_cpu_allocator(name):
     want = step_peak(_freeze(build(), freeze), _inputs(specs), optimizer, impl, amp)
     got = train_step(ModelTarget(name, None, instance=build()), specs, stand_in(optimizer, impl, amp, freeze))
     peak = got["memory"]["peak_bytes"]
-    assert abs(peak - want) <= 0.01 * want, f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})"
     assert sum(got["memory"]["at_peak"].values()) == peak  # the breakdown adds up to the peak
+    if abs(peak - want) > 0.01 * want:
+        named_off_the_read_cpu(got["memory"], f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})")
+
+
+def read_cpu() -> bool:
+    """Is this CPU one the CPU scratch entries were read on: oneDNN's AVX2 kernels?"""
+    from archscan.memory.scratch import onednn_block
+    return onednn_block() == 8 and torch.backends.mkldnn.is_available()
+
+
+def named_off_the_read_cpu(memory: dict, miss: str) -> None:
+    """A figure off the allocator's is allowed only on a CPU whose kernels the entries were not read
+    on, and only where the report names the kernels it does not model: then the exact comparison
+    is skipped, saying why."""
+    named = memory.get("unmodelled_scratch")
+    assert not read_cpu() and named, miss
+    pytest.skip(f"this CPU runs kernels the scratch entries were not read on, and the report names them ({named}): {miss}")
 
 
 CONVS = {  # input, weight, stride, padding, groups
@@ -448,11 +464,56 @@ def test_an_lstm_against_the_allocator(bidirectional):
     torch.manual_seed(0)
     x = torch.randn(8, 32, 64)
     memory = archscan.scan(Sequence(bidirectional), [(8, 32, 64)], recommend=False, rules=[]).memory
+    if not read_cpu():  # AVX-512 blocks the LSTM's weights otherwise: named
+        assert memory["unmodelled_scratch"] == {"rnn (oneDNN)": 4 if bidirectional else 2}
+        pytest.skip("this CPU is not AVX2-only: oneDNN blocks the LSTM's weights otherwise (named)")
     assert memory["peak_bytes"] == forward_peak(Sequence(bidirectional).eval(), [x])
     assert "unmodelled_scratch" not in memory
     step = archscan.scan(Sequence(bidirectional), [(8, 32, 64)], recommend=False, rules=[],
                          train=stand_in("adamw")).training_step["memory"]
     assert step["peak_bytes"] == step_peak(Sequence(bidirectional), [x], "adamw")
+
+
+def test_half_precision_matmuls_are_named_where_onednn_runs_them(monkeypatch):
+    """ATen hands a bfloat16 or float16 matrix product larger than 16·16·16 multiply-adds to oneDNN
+    where oneDNN has kernels for it (AVX-512 and up), whose scratch follows its blocking: named.
+    Where this CPU's oneDNN runs them, the allocator agrees on where the line falls: scratch above it,
+    none at it."""
+    from archscan.memory import scratch
+    mm, bmm = torch.ops.aten.mm.default, torch.ops.aten.bmm.default
+    bf16 = torch.bfloat16
+    onednn = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    a, b, c = torch.randn(16, 16, dtype=bf16), torch.randn(16, 16, dtype=bf16), torch.randn(16, 17, dtype=bf16)
+    if onednn:
+        assert op_scratch(lambda: torch.mm(a, c)) > 0 and op_scratch(lambda: torch.mm(a, b)) == 0
+    assert scratch.unmodelled_scratch(mm, (a, c)) == ("matmul (bfloat16, oneDNN)" if onednn else None)
+    monkeypatch.setattr(scratch, "_onednn_matmul", lambda dtype: dtype in (torch.bfloat16, torch.float16))
+    assert scratch.unmodelled_scratch(mm, (a, c)) == "matmul (bfloat16, oneDNN)"
+    assert scratch.unmodelled_scratch(mm, (a, b)) is None  # 4,096: ATen's own kernel
+    assert scratch.unmodelled_scratch(mm, (a.float(), c.float())) is None
+    assert scratch.unmodelled_scratch(torch.ops.aten.addmm.default, (c[0].half(), a.half(), c.half())) == \
+        "matmul (float16, oneDNN)"
+    assert scratch.unmodelled_scratch(bmm, (torch.empty(2, 16, 16, dtype=bf16), torch.empty(2, 16, 16, dtype=bf16))) \
+        == "matmul (bfloat16, oneDNN)"
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert scratch.unmodelled_scratch(mm, (a, c)) is None
+
+
+def test_avx512_convolutions_are_named_where_not_read(monkeypatch):
+    """On AVX-512 the float32 forward is modelled; oneDNN's backward and its bfloat16 kernels, whose
+    scratch follows the kernel it picks per ISA (a ViT's patch embedding held 4× the entry's on a
+    CPU with AMX), are named."""
+    from archscan.memory import scratch
+    monkeypatch.setattr(scratch, "onednn_block", lambda: 16)
+    conv, backward = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    for dtype, forward_name in ((torch.float32, None), (torch.bfloat16, "conv2d (bfloat16)")):
+        x, w = torch.empty(4, 32, 16, 16, dtype=dtype), torch.empty(32, 32, 3, 3, dtype=dtype)
+        if scratch._cpu_backend(x, w, [1, 1], [1, 1], [1, 1], False, 1) != "Mkldnn":
+            continue
+        assert scratch.unmodelled_scratch(conv, (x, w, None, *args)) == forward_name
+        assert scratch.unmodelled_scratch(backward, (None, x, w, None, *args, [True, True, False])) == \
+            ("conv2d (bfloat16, backward)" if dtype == torch.bfloat16 else "conv2d (backward)")
 
 
 def test_narrow_groups_are_named_not_modelled():
@@ -650,7 +711,10 @@ def test_ops_without_a_scratch_model_are_named_not_hidden(capsys):
     """A figure across kernels whose own scratch is not modelled says so (it may be low), naming
     them; a model of 2-D convolutions and linear layers names none."""
     step = archscan.scan(Video(), [(2, 3, 8, 16, 16)], recommend=False, train=True).training_step["memory"]
-    assert step["unmodelled_scratch"] == {"conv3d (backward)": 1}  # the forward's scratch and the LSTM's are modelled
+    if read_cpu():
+        assert step["unmodelled_scratch"] == {"conv3d (backward)": 1}  # the forward's scratch and the LSTM's are modelled
+    else:  # AVX-512: the LSTM's kernels block otherwise, forward and backward
+        assert step["unmodelled_scratch"] == {"conv3d (backward)": 1, "rnn (oneDNN)": 2}
     assert "unmodelled_scratch" not in archscan.scan("zoo:resnet18", [(1, 3, 64, 64)], recommend=False, rules=[]).memory
     assert main(["zoo:resnet18", "--input", "1,3,32,32"]) == 0
     assert "not modelled" not in capsys.readouterr().out
@@ -770,7 +834,10 @@ def test_stacked_convnext_blocks_against_the_allocator():
     assert memory["peak_bytes"] == forward_peak(model.eval(), inputs) and "unmodelled_scratch" not in memory
     step = archscan.scan(nn.Sequential(ConvNeXtBlock(), ConvNeXtBlock()), [(2, 32, 16, 16)], recommend=False, rules=[],
                          train=stand_in("adamw")).training_step["memory"]
-    assert step["peak_bytes"] == step_peak(model.train(), inputs, "adamw") and "unmodelled_scratch" not in step
+    assert "unmodelled_scratch" not in step or not read_cpu()  # AVX-512: the backward of the convs named
+    want = step_peak(model.train(), inputs, "adamw")
+    if step["peak_bytes"] != want:
+        named_off_the_read_cpu(step, f"archscan {step['peak_bytes']:,} vs allocator {want:,}")
 
 
 def test_layer_norm_of_a_permuted_input_against_the_allocator():

@@ -17,6 +17,7 @@ from test_bad_input import run as _run
 from archscan.errors import ArchscanError
 from archscan.load.targets import parse_input_spec, to_target
 from archscan.memory.train import TrainOptions
+from archscan.memory.scratch import onednn_block
 from memory_oracle import stand_in
 from archscan.parallel import ParallelSpec, run
 from archscan.parallel.spec import meshes
@@ -52,6 +53,15 @@ def one_error_line(capsys, args: list[str], needle: str) -> None:
     assert needle in line, line
 
 
+def exact_or_named(memory: dict, peak: int) -> None:
+    """Rank 0's peak equals the real run's to the byte; on a CPU whose kernels the scratch entries
+    were not read on (AVX-512: oneDNN's convolution backward, its half-precision products) it may
+    differ only where the report names those kernels, and by no more than 1%."""
+    if memory["peak_bytes"] != peak:
+        assert onednn_block() != 8 and memory.get("unmodelled_scratch"), (memory["peak_bytes"], peak)
+        assert memory["peak_bytes"] == pytest.approx(peak, rel=0.01)
+
+
 def _section(target: str, kwargs, spec: str, shape: str, options: TrainOptions | None = None) -> dict:
     return run(to_target(target), [parse_input_spec(shape)], options or stand_in(), ParallelSpec.parse(spec),
                kwargs=kwargs)
@@ -72,7 +82,7 @@ def test_rank_peak_and_collectives_match_a_real_run(target, kwargs, spec, shape)
     # 128 KiB, 0.8%, over at the backward's peak)
     assert section["memory"]["peak_bytes"] == pytest.approx(peak, rel=0.01)
     if "tp" not in spec or spec == "tp=4":
-        assert section["memory"]["peak_bytes"] == peak
+        exact_or_named(section["memory"], peak)
     ours = Counter()
     for row in section["collectives"]:
         if row["op"].startswith("ddp.broadcast"):
@@ -113,7 +123,7 @@ def test_fsdp_mixed_precision_gathers_bf16_and_reduces_fp32():
         sum(r["recv_bytes"] * r["count"] for r in fp32["collectives"] if r["kind"] == "all_gather")
     peak, _ = rank_peak(to_target("zoo:llama_tiny"), [parse_input_spec("2,128:int64")], ParallelSpec.parse("fsdp=4"),
                         LLAMA, param_dtype=torch.bfloat16)
-    assert section["memory"]["peak_bytes"] == peak
+    exact_or_named(section["memory"], peak)
 
 
 def test_fsdp_collectives_by_hand():

@@ -348,7 +348,8 @@ def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs
              run: Callable[[TrainOptions, torch.dtype | None, Sequence[InputSpec]], dict], model: nn.Module,
              rows: Sequence[dict] = ()) -> list[dict]:
     """The step re-analysed with one change each: ``{"change", "peak_bytes", "peak_delta",
-    "flops_delta", "apply"}`` (``error`` instead when the change does not run)."""
+    "flops_delta", "apply"}`` (``error`` instead when the change does not run), with the changed
+    step's ``unmodelled_scratch`` where it ran kernels whose scratch is not modelled."""
     base_peak = step["memory"]["peak_bytes"]
     base_flops = sum(p["flops"] for p in step["phases"].values())
     changes: list[tuple[str, TrainOptions, torch.dtype | None, Sequence[InputSpec], str]] = []
@@ -388,7 +389,9 @@ def what_ifs(step: dict, options: TrainOptions, dtype: torch.dtype | None, specs
         optimizer = got["phases"]["optimizer"]["flops"]             # forward and backward, one optimizer step
         flops = steps * (flops - optimizer) + optimizer
         out.append({"change": change, "peak_bytes": peak, "peak_delta": peak - base_peak,
-                    "flops_delta": flops - base_flops, "apply": apply})
+                    "flops_delta": flops - base_flops, "apply": apply,
+                    **({"unmodelled_scratch": got["memory"]["unmodelled_scratch"]}
+                       if got["memory"].get("unmodelled_scratch") else {})})
     return out
 
 

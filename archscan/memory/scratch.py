@@ -16,6 +16,7 @@ convolution workspaces (``cudnn.py``: a rule read from the recorded runs). cuBLA
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any, Callable
@@ -72,9 +73,18 @@ def _conv_kind(x, w, stride, padding, dilation, transposed, groups, backward: bo
         return None if _plain_deconvolution(x, w, stride, padding, dilation, groups) else f"conv_transpose{dims}d"
     if _slow_cpu(x, w, stride, padding, dilation, groups) or _channels_last_depthwise(x, w, stride, padding, dilation, groups) \
             or (_onednn_cpu(x, w, stride, padding, dilation, groups) and not _onednn_gemm(x, w, groups)
-                and not (backward and dims == 3)):
+                and not (backward and dims == 3) and not _avx512_unread(x, backward)):
         return None
-    return f"conv{dims}d" + (" (backward)" if backward else "")
+    notes = ", ".join(n for n, on in (("bfloat16", x.dtype == torch.bfloat16), ("backward", backward)) if on)
+    return f"conv{dims}d" + (f" ({notes})" if notes else "")
+
+
+def _avx512_unread(x: torch.Tensor, backward: bool) -> bool:
+    """oneDNN's kernels on an AVX-512 CPU that the entries were not read from: the backward (its
+    scratch follows the kernel oneDNN picks per ISA: on a CPU with AMX a patch embedding's was 4×
+    the entry's) and bfloat16 (AMX and AVX512-BF16 run it natively, other AVX-512 CPUs convert);
+    the float32 forward is modelled on AVX-512 as on AVX2."""
+    return onednn_block() != 8 and (backward or x.dtype != torch.float32)
 
 
 def _plain_deconvolution(x, weight, stride, padding, dilation, groups) -> bool:
@@ -106,6 +116,40 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
     aten.mkldnn_rnn_layer_backward: lambda x, w_ih, w_hh, b_ih, b_hh, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
     hidden, layers, has_biases, *rest: None if _lstm_modelled(x, mode, has_biases, rest[2]) else "rnn (oneDNN)",
 }
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_matmul(dtype: torch.dtype) -> bool:
+    """Does torch hand a matrix product of ``dtype`` to oneDNN on this CPU (half precision where
+    oneDNN has kernels for it: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``, AVX-512 and up)?"""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
+MKLDNN_GEMM_MIN = 16 * 16 * 16  # ATen's mkldnn matmul takes products larger than this (Matmul.cpp, checksize)
+
+
+def _matmul_kind(a, b, *rest) -> str | None:
+    """A half-precision matrix product oneDNN runs (its weights repacked for AMX or AVX-512 blocks:
+    scratch up to twice the operands, following its blocking heuristics), by name; None otherwise."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.device.type != "cpu" \
+            or not torch.backends.mkldnn.enabled or not _onednn_matmul(a.dtype):
+        return None
+    size = math.prod(a.shape) * b.shape[-1]
+    if isinstance(size, torch.SymInt) or size <= MKLDNN_GEMM_MIN:
+        return None
+    return f"matmul ({str(a.dtype).removeprefix('torch.')}, oneDNN)"
+
+
+_UNMODELLED_CPU.update({
+    aten.mm: _matmul_kind,
+    aten.bmm: _matmul_kind,
+    aten.addmm: lambda bias, a, b, *rest: _matmul_kind(a, b),
+    aten.baddbmm: lambda bias, a, b, *rest: _matmul_kind(a, b),
+})
 
 
 def unmodelled_scratch(func, args: tuple) -> str | None:

@@ -336,7 +336,8 @@ def budget_lines(memory: dict) -> list[str]:
         def delta(w: dict) -> str:
             sign = "-" if w["peak_delta"] < 0 else "+"
             flops = f", {'+' if w['flops_delta'] > 0 else '-'}{fmt_count(abs(w['flops_delta']))} multiply-adds" if w["flops_delta"] else ""
-            return f"{w['change']} {sign}{fmt_bytes(abs(w['peak_delta']))}{flops}"
+            unread = " (kernels' scratch not modelled: may be higher)" if w.get("unmodelled_scratch") else ""
+            return f"{w['change']} {sign}{fmt_bytes(abs(w['peak_delta']))}{flops}{unread}"
         lines.append("what if    peak " + "; ".join(delta(w) for w in sorted(ifs, key=lambda w: w["peak_delta"])))
     return lines
 
