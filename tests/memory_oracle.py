@@ -140,3 +140,15 @@ def op_scratch(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     return _allocations_peak(prof) - _resident(output_tensors(result))
+
+
+def read_cpu() -> bool:
+    """Is this CPU one the CPU scratch entries were read on: oneDNN's AVX2 kernels?"""
+    from archscan.memory.scratch import onednn_block
+    return onednn_block() == 8 and torch.backends.mkldnn.is_available()
+
+
+def named_off_the_read_cpu(memory: dict, miss: str) -> None:
+    """A figure off the allocator's is allowed only on a CPU whose kernels the entries were not read
+    on, and only where the report names the kernels it does not model."""
+    assert not read_cpu() and memory.get("unmodelled_scratch"), miss

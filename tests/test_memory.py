@@ -17,7 +17,7 @@ from archscan.costs import cost_op
 from archscan.load.targets import InputSpec, ModelTarget
 from archscan.memory import MemoryTracker
 from archscan.memory.train import TrainOptions, train_step
-from memory_oracle import forward_peak, op_scratch, step_peak, stand_in
+from memory_oracle import forward_peak, named_off_the_read_cpu, op_scratch, read_cpu, step_peak, stand_in
 
 
 class Blocks(nn.Module):
@@ -100,22 +100,15 @@ def test_training_step_peak_matches_the_cpu_allocator(name):
     peak = got["memory"]["peak_bytes"]
     assert sum(got["memory"]["at_peak"].values()) == peak  # the breakdown adds up to the peak
     if abs(peak - want) > 0.01 * want:
-        named_off_the_read_cpu(got["memory"], f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})")
+        skip_named_miss(got["memory"], f"archscan {peak:,} vs allocator {want:,} ({peak / want:.4f})")
 
 
-def read_cpu() -> bool:
-    """Is this CPU one the CPU scratch entries were read on: oneDNN's AVX2 kernels?"""
-    from archscan.memory.scratch import onednn_block
-    return onednn_block() == 8 and torch.backends.mkldnn.is_available()
-
-
-def named_off_the_read_cpu(memory: dict, miss: str) -> None:
-    """A figure off the allocator's is allowed only on a CPU whose kernels the entries were not read
-    on, and only where the report names the kernels it does not model: then the exact comparison
-    is skipped, saying why."""
-    named = memory.get("unmodelled_scratch")
-    assert not read_cpu() and named, miss
-    pytest.skip(f"this CPU runs kernels the scratch entries were not read on, and the report names them ({named}): {miss}")
+def skip_named_miss(memory: dict, miss: str) -> None:
+    """A miss off the CPU the entries were read on, where the report names the kernels: the exact
+    comparison is skipped, saying why."""
+    named_off_the_read_cpu(memory, miss)
+    pytest.skip(f"this CPU runs kernels the scratch entries were not read on, and the report names them "
+                f"({memory['unmodelled_scratch']}): {miss}")
 
 
 CONVS = {  # input, weight, stride, padding, groups
@@ -333,8 +326,8 @@ def test_convolution_scratch_follows_the_kernel_torch_chooses(name):
     (``torch._C._select_conv_backend``); so does the backward of torch's im2col kernels, for each
     gradient asked. oneDNN's 3-D backward and its gemm kernel (groups narrower than its block) are
     named as not modelled instead."""
-    from archscan.memory.scratch import onednn_block, unmodelled_scratch
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    from archscan.memory.scratch import unmodelled_scratch
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
     conv = KERNEL_CHOSEN_CONVS[name]
     x_shape, w_shape, stride, padding, groups = conv
@@ -353,8 +346,7 @@ def test_gemm_weight_gradient_on_one_thread():
     """oneDNN's gemm weight gradient (maps smaller than the kernel: ResNet-18's last stage at 64×64
     pixels) keeps four partial weights per thread on one thread too; with one thread the step was
     0.81-0.85 of the allocator's and a --memory budget answered batch 48 where 32 fits."""
-    from archscan.memory.scratch import onednn_block
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -422,8 +414,8 @@ def test_lstm_kernel_bytes_match_the_cpu_allocator(shape):
     """oneDNN's LSTM layer (archscan.memory.rnn): the workspace the forward makes in grad mode (fake
     tensors give it no bytes), the forward's scratch with and without grad, and the backward's."""
     from archscan.memory import rnn
-    from archscan.memory.scratch import onednn_block, scratch_bytes
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    from archscan.memory.scratch import scratch_bytes
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN blocks the LSTM's weights otherwise")
     T, N, I, H = shape
     aten = torch.ops.aten
@@ -532,8 +524,7 @@ def test_onednn_avx2_convolution_scratch_matches_the_cpu_allocator(name):
     """float32 forward and weight-gradient scratch of oneDNN's convolutions on an AVX2 CPU equal the
     allocator's to the byte (the input gradient too, but for the 7×7 strided first layer, whose input
     gradient a training step never computes). The AVX-512 model is checked on whole steps above."""
-    from archscan.memory.scratch import onednn_block
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
     masks = [[False, True, False]] + ([[True, True, False]] if not name.startswith("first-layer-7x7") else [])
     assert_conv_scratch(ONEDNN_AVX2_CONVS[name], torch.float32, masks, forward=name not in ONEDNN_AVX2_FORWARD_NOT_MODELLED)
@@ -760,9 +751,8 @@ def test_a_convolution_output_and_an_upsampling_against_the_allocator():
     on the CPU allocator: the forward exactly, the step within the 1×1 weight gradient's reduction
     buffer for 4 channels (12,992 bytes more than for 8 and up); other transposed convolutions are
     named unmodelled."""
-    from archscan.memory.scratch import onednn_block
 
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
     x = torch.randn(4, 16, 32, 32)
     w = torch.randn(4, 16, 3, 3)
@@ -807,8 +797,8 @@ class ConvNeXtBlock(nn.Module):
 def test_channels_last_depthwise_scratch_matches_the_cpu_allocator(shape):
     """A depthwise convolution of a channels-last input (ConvNeXt's 7×7, fed by the block before it):
     forward and every backward mask, to the byte."""
-    from archscan.memory.scratch import onednn_block, scratch_bytes
-    if onednn_block() != 8 or not torch.backends.mkldnn.is_available():
+    from archscan.memory.scratch import scratch_bytes
+    if not read_cpu():
         pytest.skip("this CPU is not AVX2-only: oneDNN picks other kernels")
     n, c, h, k = shape
     x, w = torch.randn(n, c, h, h).to(memory_format=torch.channels_last), torch.randn(c, 1, k, k)
@@ -837,7 +827,7 @@ def test_stacked_convnext_blocks_against_the_allocator():
     assert "unmodelled_scratch" not in step or not read_cpu()  # AVX-512: the backward of the convs named
     want = step_peak(model.train(), inputs, "adamw")
     if step["peak_bytes"] != want:
-        named_off_the_read_cpu(step, f"archscan {step['peak_bytes']:,} vs allocator {want:,}")
+        skip_named_miss(step, f"archscan {step['peak_bytes']:,} vs allocator {want:,}")
 
 
 def test_layer_norm_of_a_permuted_input_against_the_allocator():

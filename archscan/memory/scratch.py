@@ -100,6 +100,32 @@ def _plain_deconvolution(x, weight, stride, padding, dilation, groups) -> bool:
             and all(d == 1 for d in dilation) and x.shape[1] % 8 == 0 and weight.shape[1] % 8 == 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _onednn_matmul(dtype: torch.dtype) -> bool:
+    """Does torch hand a matrix product of ``dtype`` to oneDNN on this CPU (half precision where
+    oneDNN has kernels for it: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``, AVX-512 and up)?"""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
+MKLDNN_GEMM_MIN = 16 * 16 * 16  # ATen's mkldnn matmul takes products larger than this (Matmul.cpp, checksize)
+
+
+def _matmul_kind(a, b) -> str | None:
+    """A half-precision matrix product oneDNN runs (its weights repacked for AMX or AVX-512 blocks:
+    scratch up to twice the operands, following its blocking heuristics), by name; None otherwise."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.device.type != "cpu" \
+            or not torch.backends.mkldnn.enabled or not _onednn_matmul(a.dtype):
+        return None
+    size = math.prod(a.shape) * b.shape[-1]
+    if isinstance(size, torch.SymInt) or size <= MKLDNN_GEMM_MIN:
+        return None
+    return f"matmul ({str(a.dtype).removeprefix('torch.')}, oneDNN)"
+
+
 # Ops whose CPU kernels allocate inside themselves where no entry above models it, by the name a
 # report gives them (``unmodelled_scratch``): a memory figure across them may be low by their
 # scratch, and the report says so rather than give a quiet figure.
@@ -115,41 +141,11 @@ _UNMODELLED_CPU: dict[Any, Callable[..., str | None]] = {
     *rest: None if _lstm_modelled(x, mode, has_biases, batch_sizes) else "rnn (oneDNN)",
     aten.mkldnn_rnn_layer_backward: lambda x, w_ih, w_hh, b_ih, b_hh, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
     hidden, layers, has_biases, *rest: None if _lstm_modelled(x, mode, has_biases, rest[2]) else "rnn (oneDNN)",
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _onednn_matmul(dtype: torch.dtype) -> bool:
-    """Does torch hand a matrix product of ``dtype`` to oneDNN on this CPU (half precision where
-    oneDNN has kernels for it: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``, AVX-512 and up)?"""
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    if dtype == torch.float16:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    return False
-
-
-MKLDNN_GEMM_MIN = 16 * 16 * 16  # ATen's mkldnn matmul takes products larger than this (Matmul.cpp, checksize)
-
-
-def _matmul_kind(a, b, *rest) -> str | None:
-    """A half-precision matrix product oneDNN runs (its weights repacked for AMX or AVX-512 blocks:
-    scratch up to twice the operands, following its blocking heuristics), by name; None otherwise."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.device.type != "cpu" \
-            or not torch.backends.mkldnn.enabled or not _onednn_matmul(a.dtype):
-        return None
-    size = math.prod(a.shape) * b.shape[-1]
-    if isinstance(size, torch.SymInt) or size <= MKLDNN_GEMM_MIN:
-        return None
-    return f"matmul ({str(a.dtype).removeprefix('torch.')}, oneDNN)"
-
-
-_UNMODELLED_CPU.update({
     aten.mm: _matmul_kind,
     aten.bmm: _matmul_kind,
     aten.addmm: lambda bias, a, b, *rest: _matmul_kind(a, b),
     aten.baddbmm: lambda bias, a, b, *rest: _matmul_kind(a, b),
-})
+}
 
 
 def unmodelled_scratch(func, args: tuple) -> str | None:
